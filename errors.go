@@ -1,0 +1,120 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Errors about the journal. Each is returned wrapped; match with errors.Is.
+var (
+	// ErrNotFound is returned by a KeyStore when no record has the key or name.
+	ErrNotFound = errors.New("idem: no such operation")
+	// ErrJournalLocked is returned by Open when another process or handle
+	// holds the journal file.
+	ErrJournalLocked = errors.New("idem: journal is locked by another process or handle")
+	// ErrJournalCorrupt is returned when the journal file or a record in it
+	// cannot be read: a truncated, damaged or foreign file.
+	ErrJournalCorrupt = errors.New("idem: journal is corrupt")
+	// ErrRecordVersion is returned when a record was written by a newer
+	// version of idem than this one.
+	ErrRecordVersion = errors.New("idem: journal record has an unknown version")
+	// ErrJournalWrite is returned when a change could not be made durable
+	// (a full disk, a read-only file, an I/O error). A request whose
+	// reservation fails this way is not sent.
+	ErrJournalWrite = errors.New("idem: journal write failed")
+	// ErrClosed is returned when the journal or Client was closed.
+	ErrClosed = errors.New("idem: closed")
+)
+
+// Errors about a request or operation. The transport returns them inside an
+// *Error that carries the key and the attempts made; match with errors.Is.
+var (
+	// ErrKeyReused is returned when a key is already journaled with a
+	// different payload fingerprint. Nothing is sent.
+	ErrKeyReused = errors.New("idem: idempotency key reused with a different payload")
+	// ErrInvalidKey is returned for an empty key or one longer than 255 bytes.
+	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+	// ErrBodyTooLarge is returned when a keyed request's body exceeds the
+	// journal's body limit. Nothing is sent.
+	ErrBodyTooLarge = errors.New("idem: request body exceeds the journal body limit")
+	// ErrInProgress is returned when the operation is already in flight in
+	// this process (another call, or Resume, is sending it).
+	ErrInProgress = errors.New("idem: operation already in flight in this process")
+	// ErrAttemptsExhausted is returned when the last allowed attempt ended
+	// without a response. The operation stays pending: its outcome is unknown.
+	ErrAttemptsExhausted = errors.New("idem: attempts exhausted without a response")
+	// ErrDeadline is returned when the wait before the next attempt would not
+	// end before the context's deadline, so idem stopped instead of sleeping.
+	ErrDeadline = errors.New("idem: next retry would outlast the context deadline")
+	// ErrRetryTimeout is returned when the policy's total time is used up.
+	ErrRetryTimeout = errors.New("idem: retry time limit reached")
+	// ErrNotRetryable is returned when an attempt failed without a response
+	// in a way that retrying cannot fix (for example a TLS verification error),
+	// or when the failure of a request without a key may have reached the server.
+	ErrNotRetryable = errors.New("idem: failure is not retryable")
+	// ErrExpired is returned when an operation is older than the resend
+	// window: the server may have forgotten its key, so idem does not send it
+	// again. The application must reconcile it.
+	ErrExpired = errors.New("idem: operation is past the resend window")
+)
+
+// Error is the error the transport returns when a keyed operation ends
+// without a response for the caller. Cause says why idem stopped (one of the
+// sentinels above); Err is the last underlying error, if any. Both match with
+// errors.Is and errors.As.
+type Error struct {
+	// Key is the operation's idempotency key. A caller may retry the same
+	// operation later with WithKey(ctx, Key).
+	Key string
+	// Name is the operation name given with WithOperation, or "".
+	Name string
+	// Attempts counts the attempts made by this call.
+	Attempts int
+	// State is the operation's state in the journal after this call.
+	// StatePending means its outcome is unknown and Resume will finish it.
+	State State
+	// LastStatus is the status of the last response received, or 0.
+	LastStatus int
+	// Cause is why idem stopped: ErrAttemptsExhausted, ErrDeadline, ...
+	Cause error
+	// Err is the last underlying error (network, context, journal), or nil.
+	Err error
+}
+
+// Error returns a one-line description with the key, attempts and causes.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("idem: ")
+	if e.Cause != nil {
+		b.WriteString(strings.TrimPrefix(e.Cause.Error(), "idem: "))
+	} else {
+		b.WriteString("operation failed")
+	}
+	fmt.Fprintf(&b, " (key %s", e.Key)
+	if e.Name != "" {
+		fmt.Fprintf(&b, ", operation %q", e.Name)
+	}
+	fmt.Fprintf(&b, ", %d attempts", e.Attempts)
+	if e.State != 0 {
+		fmt.Fprintf(&b, ", %s", e.State)
+	}
+	b.WriteString(")")
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns Cause and Err, so errors.Is and errors.As see both.
+func (e *Error) Unwrap() []error {
+	errs := make([]error, 0, 2)
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}

@@ -1,0 +1,12 @@
+module github.com/idemgo/idem
+
+go 1.25.0
+
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/stretchr/testify v1.12.1 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
+)
