@@ -90,6 +90,11 @@ type Outcome struct {
 	Status int
 	// Err is the text of the error when there was no response, or "".
 	Err string
+	// Attempts is added to the operation's attempt count by Finish: the
+	// attempts that ended in this outcome and were not recorded with
+	// Attempt (usually 1; 0 when the request was never sent). Attempt
+	// ignores it and always adds one.
+	Attempts int
 }
 
 // KeyStore is the journal behind a Client. It must be safe for concurrent use.

@@ -143,6 +143,7 @@ func (m *MemoryStore) Finish(ctx context.Context, key string, out Outcome) error
 	}
 	return m.update(ctx, key, func(op *Operation) {
 		op.State = out.State
+		op.Attempts += out.Attempts
 		op.LastStatus, op.LastError = out.Status, out.Err
 		op.Header, op.Body = nil, nil
 	})

@@ -1,0 +1,236 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// RetryPolicy says how often and how patiently the Transport retries. Its
+// zero value is usable: every zero field takes the default documented on it,
+// so RetryPolicy{} never means "retry instantly forever".
+type RetryPolicy struct {
+	// MaxAttempts counts attempts, not retries: the first request plus its
+	// retries. Zero means 4; 1 disables retries.
+	MaxAttempts int
+	// Initial is the upper bound of the first backoff wait. Zero means 100ms.
+	Initial time.Duration
+	// Max caps the upper bound of any backoff wait. Zero means 5s.
+	Max time.Duration
+	// MaxElapsed caps the time from the first attempt to the start of the
+	// last one. Zero means 2 minutes.
+	MaxElapsed time.Duration
+	// RetryAfterCap caps a server's Retry-After. Zero means 60s.
+	RetryAfterCap time.Duration
+	// NoJitter makes each wait its full upper bound. By default a wait is
+	// drawn uniformly from zero to its bound ("full jitter"), which spreads
+	// the retries of many clients after a shared outage.
+	NoJitter bool
+}
+
+// withDefaults returns p with every zero field set to its default.
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 4
+	}
+	if p.Initial <= 0 {
+		p.Initial = 100 * time.Millisecond
+	}
+	if p.Max <= 0 {
+		p.Max = 5 * time.Second
+	}
+	if p.Max < p.Initial {
+		p.Max = p.Initial
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = 2 * time.Minute
+	}
+	if p.RetryAfterCap <= 0 {
+		p.RetryAfterCap = time.Minute
+	}
+	return p
+}
+
+// newBackOff returns the exponential schedule of wait bounds for one
+// operation: Initial, 2×Initial, ... capped at Max. Jitter is applied by
+// the caller, so the schedule itself is not randomized.
+func (p RetryPolicy) newBackOff() *backoff.ExponentialBackOff {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.Initial,
+		RandomizationFactor: 0,
+		Multiplier:          2,
+		MaxInterval:         p.Max,
+		MaxElapsedTime:      0, // the Transport tracks elapsed time itself
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	return b
+}
+
+// jitter returns the wait for a backoff bound d.
+func (p RetryPolicy) jitter(d time.Duration) time.Duration {
+	if p.NoJitter || d <= 0 {
+		return d
+	}
+	return rand.N(d + 1)
+}
+
+// verdict is what an attempt's outcome means for the operation.
+type verdict uint8
+
+const (
+	// success: a 2xx or 3xx response; the operation is done.
+	success verdict = iota + 1
+	// transient: try again with the same key after a wait.
+	transient
+	// permanent: retrying cannot help; return what we have.
+	permanent
+)
+
+func (v verdict) String() string {
+	switch v {
+	case success:
+		return "success"
+	case transient:
+		return "transient"
+	case permanent:
+		return "permanent"
+	}
+	return "unknown"
+}
+
+// classifyResponse returns the verdict for a response and the reason, for
+// logs. A 409 is read to tell "in progress" (transient) from "key already
+// used" (permanent); its body stays readable for the caller.
+func classifyResponse(resp *http.Response) (verdict, string) {
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 400:
+		return success, strconv.Itoa(code)
+	case code == http.StatusConflict:
+		if conflictIsKeyReuse(resp) {
+			return permanent, "409 key already used"
+		}
+		return transient, "409 in progress"
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
+		code == http.StatusTooManyRequests, code == http.StatusInternalServerError,
+		code == http.StatusBadGateway, code == http.StatusServiceUnavailable,
+		code == http.StatusGatewayTimeout:
+		return transient, strconv.Itoa(code)
+	}
+	return permanent, strconv.Itoa(code)
+}
+
+// conflictPeek bounds how much of a 409 body is read to classify it.
+const conflictPeek = 4 << 10
+
+// conflictIsKeyReuse reports whether a 409 says the key was already used
+// (for another request) rather than that the first request is in progress.
+// It reads at most conflictPeek bytes and puts them back in front of the
+// body, so the caller still reads the whole body.
+func conflictIsKeyReuse(resp *http.Response) bool {
+	if resp.Body == nil || resp.Body == http.NoBody {
+		return false
+	}
+	peek, err := io.ReadAll(io.LimitReader(resp.Body, conflictPeek))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	s := strings.ToLower(string(peek))
+	if strings.Contains(s, "in_progress") || strings.Contains(s, "in progress") || strings.Contains(s, "in_use") {
+		return false
+	}
+	for _, w := range []string{"already_used", "already used", "key_reused", "reused", "mismatch"} {
+		if strings.Contains(s, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// classifyError returns the verdict for an attempt that ended without a
+// response. sent reports whether the request may have reached the server
+// (it is false only when the error proves the connection was never made).
+func classifyError(err error) (v verdict, reason string, sent bool) {
+	var (
+		urlErr   *url.Error
+		certErr  *tls.CertificateVerificationError
+		unknownA x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		opErr    *net.OpError
+		dnsErr   *net.DNSError
+	)
+	switch {
+	case errors.As(err, &certErr), errors.As(err, &unknownA), errors.As(err, &hostErr), errors.As(err, &invalid):
+		return permanent, "tls verification failed", false
+	case errors.As(err, &dnsErr):
+		if dnsErr.IsNotFound {
+			return permanent, "host not found", false
+		}
+		return transient, "dns lookup failed", false
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return transient, "connection failed", false
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return transient, "connection closed", true
+	case errors.Is(err, context.DeadlineExceeded):
+		return transient, "timeout", true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return transient, "timeout", true
+	}
+	if errors.As(err, &urlErr) && strings.Contains(urlErr.Err.Error(), "unsupported protocol scheme") {
+		return permanent, "unsupported protocol scheme", false
+	}
+	return transient, "network error", true
+}
+
+// retryAfter parses a Retry-After header value: delay-seconds or an
+// HTTP-date (RFC 9110 §10.2.3). It reports false for an absent or malformed
+// value. A date in the past means no wait. Huge values are not an error:
+// the caller caps them.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			if errors.Is(err, strconv.ErrRange) {
+				return time.Duration(1<<63 - 1), true
+			}
+			return 0, false
+		}
+		if secs > uint64((1<<63-1)/time.Second) {
+			return time.Duration(1<<63 - 1), true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	if d := t.Sub(now); d > 0 {
+		return d, true
+	}
+	return 0, true
+}
