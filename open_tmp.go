@@ -18,4 +18,3 @@ func Open(path string, opts ...Option) (*Client, error) {
 	}
 	return newClient(store, cfg), nil
 }
-
