@@ -27,7 +27,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{"999999999999999999999999999", max, true},
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
 		{"Sunday, 29-Nov-26 12:00:30 GMT", 30 * time.Second, true}, // RFC 850
-		{"Sun Nov 29 12:00:45 2026", 45 * time.Second, true},      // asctime
+		{"Sun Nov 29 12:00:45 2026", 45 * time.Second, true},       // asctime
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
 		{"Sun, 32 Nov 2026 12:00:00 GMT", 0, false},
 	}
