@@ -1,0 +1,97 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemtest"
+)
+
+// TestOverLoopback sends keyed POSTs through real connections to an
+// idemtest server that injects each fault on the first attempts, and
+// checks that the handler ran once under one key.
+func TestOverLoopback(t *testing.T) {
+	tests := []struct {
+		name     string
+		faults   []idemtest.Fault
+		attempts int
+	}{
+		{"no fault", nil, 1},
+		{"connection dropped before handling", []idemtest.Fault{idemtest.DropBefore}, 2},
+		{"response lost after handling", []idemtest.Fault{idemtest.DropAfter}, 2},
+		{"503 then 429", []idemtest.Fault{idemtest.Unavailable, idemtest.TooManyRequests}, 3},
+		{"409 in progress", []idemtest.Fault{idemtest.InProgress, idemtest.InProgress}, 3},
+		{"lost, then 503, then lost", []idemtest.Fault{idemtest.DropAfter, idemtest.Unavailable, idemtest.DropAfter}, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "charged %s", b)
+			})
+			srv := idemtest.NewServer(h, idemtest.WithRetryAfter(0), idemtest.WithScript(func(_ string, attempt int) idemtest.Fault {
+				if attempt <= len(tt.faults) {
+					return tt.faults[attempt-1]
+				}
+				return idemtest.NoFault
+			}))
+			defer srv.Close()
+			c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(srv.Client().Transport), idem.WithBackoff(time.Millisecond, 5*time.Millisecond))
+			defer c.Close()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":1}`))
+			require.NoError(t, err)
+			resp, err := c.HTTPClient().Do(req)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, `charged {"amount":1}`, string(body))
+
+			st := srv.Stats()
+			assert.Equal(t, tt.attempts, st.Requests)
+			assert.Len(t, st.AttemptsByKey, 1, "one key on every attempt")
+			assert.Equal(t, int64(1), runs.Load(), "performed exactly once")
+			assert.Equal(t, 0, st.DuplicateKeys())
+			assert.Equal(t, 0, st.Mismatches, "the body was identical on every attempt")
+		})
+	}
+}
+
+// TestOverLoopbackDeadline checks that a request whose server keeps
+// failing stops at the caller's deadline with the operation left pending.
+func TestOverLoopbackDeadline(t *testing.T) {
+	srv := idemtest.NewServer(http.NotFoundHandler(), idemtest.WithScript(func(string, int) idemtest.Fault { return idemtest.DropBefore }))
+	defer srv.Close()
+	store := idem.NewMemoryStore()
+	c := idem.New(store, idem.WithBaseTransport(srv.Client().Transport), idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 100, Initial: 200 * time.Millisecond, Max: 200 * time.Millisecond, NoJitter: true}))
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/x", strings.NewReader("{}"))
+	require.NoError(t, err)
+	_, err = c.HTTPClient().Do(req)
+	// Two attempts 200ms apart; the next wait would end past the deadline,
+	// so it stopped after the second attempt instead of sleeping into it.
+	require.ErrorIs(t, err, idem.ErrDeadline)
+	var ie *idem.Error
+	require.ErrorAs(t, err, &ie)
+	assert.Equal(t, idem.StatePending, ie.State)
+	assert.Equal(t, 2, ie.Attempts)
+}
