@@ -104,6 +104,9 @@ type Outcome struct {
 // may return before their change is durable (it then rides the next commit);
 // losing such a change in a crash only causes a resend that the server
 // answers from its own idempotency store. Close makes every change durable.
+//
+// Reads (Get, Named, Pending) see every change whose call has returned,
+// durable or not: a Finish followed by a Get returns the finished record.
 type KeyStore interface {
 	// Reserve creates the record op describes, unless one exists already.
 	// If op.Name is not empty and a record with that name exists, that record

@@ -173,7 +173,7 @@ func (t *Transport) newOperation(req *http.Request, key, name string, body []byt
 func (t *Transport) journaledHeader(h http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		if t.cfg.secret[k] || k == t.cfg.header {
+		if ck := http.CanonicalHeaderKey(k); t.cfg.secret[ck] || ck == t.cfg.header {
 			continue
 		}
 		out[k] = v
