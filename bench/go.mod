@@ -1,0 +1,19 @@
+module github.com/idemgo/idem/bench
+
+go 1.25.0
+
+require (
+	github.com/failsafe-go/failsafe-go v0.9.8
+	github.com/google/uuid v1.6.0
+	github.com/hashicorp/go-retryablehttp v0.7.8
+	github.com/idemgo/idem v0.0.0
+)
+
+require (
+	github.com/bits-and-blooms/bitset v1.24.4 // indirect
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/influxdata/tdigest v0.0.1 // indirect
+)
+
+replace github.com/idemgo/idem => ../
