@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,8 +27,9 @@ var serverURL string
 //
 //	/ok     200 with a small JSON body
 //	/flaky  503 on every 10th attempt (counted per server), 200 otherwise
-//	/large  reads the whole body, holds the response 20 ms so that the
-//	        requests of one burst are all in flight together, then 200
+//	/large  reads the whole body, then holds the response until
+//	        largeInFlight requests have arrived (at most 2 s), so that the
+//	        requests of one burst are all in flight together; then 200
 const (
 	pathOK    = "/ok"
 	pathFlaky = "/flaky"
@@ -105,9 +107,21 @@ func serve() {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(okBody)
 	})
+	var bmu sync.Mutex
+	arrived, release := 0, make(chan struct{})
 	mux.HandleFunc(pathLarge, func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
-		time.Sleep(20 * time.Millisecond)
+		bmu.Lock()
+		wait := release
+		if arrived++; arrived == largeInFlight {
+			close(release)
+			arrived, release = 0, make(chan struct{})
+		}
+		bmu.Unlock()
+		select {
+		case <-wait:
+		case <-time.After(2 * time.Second):
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(okBody)
 	})
