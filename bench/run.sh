@@ -61,4 +61,5 @@ fi
 
 echo "# load after: $(cat /proc/loadavg)" | tee -a "$OUT/machine.txt"
 go run ./cmd/plot -o "$OUT/peers.png" < "$OUT/peers.txt"
+awk -f tables.awk "$OUT/peers.txt" "$OUT/large.txt" > "$OUT/tables.md"
 echo "wrote $OUT/"

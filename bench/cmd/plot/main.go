@@ -30,7 +30,7 @@ type point struct {
 	rps       float64
 }
 
-var lineRE = regexp.MustCompile(`^BenchmarkPeers/([^/]+)/([^/]+)/inflight=(\d+)(?:-\d+)?\s`)
+var lineRE = regexp.MustCompile(`^BenchmarkPeers/([^/]+)/inflight=(\d+)/([^/\s]+?)(?:-\d+)?\s`)
 
 func parse(r io.Reader) ([]point, error) {
 	var pts []point
@@ -48,8 +48,8 @@ func parse(r io.Reader) ([]point, error) {
 				if err != nil {
 					return nil, fmt.Errorf("%q: %w", line, err)
 				}
-				n, _ := strconv.Atoi(m[3])
-				pts = append(pts, point{mode: m[1], lib: m[2], inflight: n, rps: rps})
+				n, _ := strconv.Atoi(m[2])
+				pts = append(pts, point{mode: m[1], lib: m[3], inflight: n, rps: rps})
 			}
 		}
 	}
