@@ -32,8 +32,12 @@ END {
     printf "- idem-bbolt / idem-memory req/s at 32 in flight: %.2f (target >= 0.6)\n", rps[m, 32, "idem-bbolt"] / rps[m, 32, "idem-memory"]
     printf "- idem-bbolt / retryablehttp req/s at 32 in flight: %.2f (target >= 0.5)\n", rps[m, 32, "idem-bbolt"] / rps[m, 32, "retryablehttp"]
   } else print "- idem-bbolt: not in this run"
-  split("1 32 128", cs, " "); for (ci = 1; ci <= 3; ci++) if ((c = cs[ci]) &&  (allocs[m, c, "idem-memory"] != "")
-    printf "- allocs/req at %d in flight: idem-memory %s, retryablehttp %s (target: idem <= retryablehttp)\n", c, allocs[m, c, "idem-memory"], allocs[m, c, "retryablehttp"]
+  split("1 32 128", cs, " ")
+  for (ci = 1; ci <= 3; ci++) {
+    c = cs[ci]
+    if (allocs[m, c, "idem-memory"] != "")
+      printf "- allocs/req at %d in flight: idem-memory %s, retryablehttp %s (target: idem <= retryablehttp)\n", c, allocs[m, c, "idem-memory"], allocs[m, c, "retryablehttp"]
+  }
   for (c = 32; c <= 32; c++) printf "- idem-memory / retryablehttp req/s at 32 in flight: %.2f\n", rps[m, 32, "idem-memory"] / rps[m, 32, "retryablehttp"]
   print ""
   if (large != "") {
