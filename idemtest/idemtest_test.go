@@ -60,7 +60,10 @@ func newClient(t *testing.T) *http.Client {
 func send(t *testing.T, c *http.Client, method, url, key, body string) result {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	mustNoError(t, err)
+	if err != nil {
+		t.Errorf("new request: %v", err)
+		return result{err: err}
+	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
@@ -70,8 +73,7 @@ func send(t *testing.T, c *http.Client, method, url, key, body string) result {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	mustNoError(t, err)
-	return result{status: resp.StatusCode, header: resp.Header, body: string(b)}
+	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
 // problemDoc is an RFC 9457 problem details document.
@@ -200,14 +202,6 @@ func TestPayloadMismatch(t *testing.T) {
 }
 
 func TestConcurrentSameKey(t *testing.T) {
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	var ch charger
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		<-release
-		ch.ServeHTTP(w, r)
-	})
 	tests := []struct {
 		name           string
 		opts           []idemtest.Option
@@ -219,8 +213,24 @@ func TestConcurrentSameKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			entered := make(chan struct{})
+			release := make(chan struct{})
+			var ch charger
+			var runs atomic.Int64
+			// The first run blocks until released; a later run (a bug)
+			// answers at once, so the test fails instead of hanging.
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 {
+					close(entered)
+					<-release
+				}
+				ch.ServeHTTP(w, r)
+			})
 			srv := idemtest.NewServer(h, tt.opts...)
 			defer srv.Close()
+			var once sync.Once
+			unblock := func() { once.Do(func() { close(release) }) }
+			defer unblock() // before Close, should the test stop early
 			c := newClient(t)
 
 			firstc := make(chan result, 1)
@@ -234,11 +244,10 @@ func TestConcurrentSameKey(t *testing.T) {
 			requireProblem(t, send(t, c, "POST", srv.URL+"/charges", "k1", "b"),
 				http.StatusUnprocessableEntity, idemtest.ProblemKeyMismatch)
 
-			close(release)
+			unblock()
 			first := <-firstc
 			mustNoError(t, first.err)
 			equal(t, first.status, http.StatusCreated)
-			release = make(chan struct{})
 
 			after := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
 			equal(t, after.replayed(), true, "replayed")
@@ -422,8 +431,8 @@ func TestRetention(t *testing.T) {
 }
 
 func TestRetentionSweep(t *testing.T) {
-	// Many expired keys must not stop a fresh one from being stored and
-	// replayed once the sweep has run.
+	// Expired results are swept, so the server holds no more keys than the
+	// retention window keeps plus one sweep interval; live ones stay.
 	clk := &clock{now: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
 	srv := idemtest.NewServer(&charger{}, idemtest.WithClock(clk.Now), idemtest.WithRetention(time.Minute))
 	defer srv.Close()
@@ -434,6 +443,10 @@ func TestRetentionSweep(t *testing.T) {
 		}
 		mustEqual(t, send(t, c, "POST", srv.URL+"/charges", fmt.Sprint("k", i), "a").status, http.StatusCreated)
 	}
+	// The last hour stored 50 keys; up to max(keys held, 64) more may wait
+	// for the next sweep.
+	st := srv.Stats()
+	isTrue(t, st.Keys >= 50 && st.Keys <= 50+64+1, "holding %d keys after 200 stores, want 50 to 115", st.Keys)
 	equal(t, send(t, c, "POST", srv.URL+"/charges", "k199", "a").replayed(), true, "replayed")
 	equal(t, send(t, c, "POST", srv.URL+"/charges", "k0", "a").replayed(), false, "replayed")
 }

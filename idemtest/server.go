@@ -76,6 +76,7 @@ type Server struct {
 	mu      sync.Mutex
 	entries map[scope]*entry
 	stored  int // results stored since the last sweep of expired entries
+	kept    int // entries left by the last sweep
 	stats   Stats
 }
 
@@ -138,7 +139,9 @@ func (s *Server) Close() {
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stats.clone()
+	st := s.stats.clone()
+	st.Keys = len(s.entries)
+	return st
 }
 
 // Fingerprint returns the payload fingerprint the server computes for a
@@ -290,7 +293,7 @@ func (s *Server) handle(r *http.Request, key string) *response {
 	}
 	e.resp, e.doneAt = resp, s.cfg.now()
 	s.stored++
-	if s.stored >= max(len(s.entries), 64) {
+	if s.stored >= max(s.kept, 64) {
 		s.sweep(e.doneAt)
 	}
 	return resp
@@ -304,15 +307,16 @@ func (s *Server) countRun(key, fp string) {
 }
 
 // sweep forgets expired results; s.mu must be held. handle calls it once
-// per as many stores as there are entries, so its cost per request stays
-// constant on average and memory stays bounded by what retention keeps.
+// the stores since the last sweep reach what that sweep kept (at least
+// 64), so its cost per request stays constant on average and the entries
+// held stay below about twice what retention keeps.
 func (s *Server) sweep(now time.Time) {
 	for sc, e := range s.entries {
 		if e.resp != nil && now.Sub(e.doneAt) >= s.cfg.retention {
 			delete(s.entries, sc)
 		}
 	}
-	s.stored = 0
+	s.stored, s.kept = 0, len(s.entries)
 }
 
 // run calls the handler and captures its answer.

@@ -31,6 +31,10 @@ type Stats struct {
 	MissingKeys int
 	// Faults counts the faults injected, by kind.
 	Faults map[Fault]int
+	// Keys is the number of scoped keys the server holds: in flight, or
+	// completed and not yet swept away. Expired results are swept from time
+	// to time, so Keys may include some until then.
+	Keys int
 }
 
 // DuplicateKeys returns how many keys the wrapped handler ran for more
