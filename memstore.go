@@ -58,6 +58,9 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if err := m.check(ctx); err != nil {
 		return Operation{}, false, err
 	}
+	if op.Key == "" || len(op.Key) > 255 {
+		return Operation{}, false, fmt.Errorf("%w: %q", ErrInvalidKey, op.Key)
+	}
 	if op.Name != "" {
 		if key, ok := m.names[op.Name]; ok {
 			return copyOp(m.ops[key]), false, nil
@@ -182,7 +185,9 @@ func (m *MemoryStore) Pending(ctx context.Context, after string, limit int) ([]O
 	}
 	var from *Operation
 	if after != "" {
-		from = m.ops[after]
+		if from = m.ops[after]; from == nil {
+			return nil, fmt.Errorf("pending after %s: %w", after, ErrNotFound)
+		}
 	}
 	var pend []*Operation
 	for _, op := range m.ops {
@@ -221,10 +226,14 @@ func (m *MemoryStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) 
 	return n, nil
 }
 
-// Close implements KeyStore. Later calls return ErrClosed.
+// Close implements KeyStore. Later calls of every method, Close included,
+// return ErrClosed.
 func (m *MemoryStore) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
 	m.closed = true
 	return nil
 }

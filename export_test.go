@@ -1,0 +1,27 @@
+package idem
+
+import "time"
+
+// OpenBoltStorePerWrite opens a BoltStore that commits every change in its
+// own bbolt Update, without group commit: the benchmarks' baseline. It uses
+// the same codec, buckets and indexes as OpenBoltStore.
+func OpenBoltStorePerWrite(path string, o *BoltOptions) (*BoltStore, error) {
+	var opt BoltOptions
+	if o != nil {
+		opt = *o
+	}
+	opt.perWrite = true
+	return OpenBoltStore(path, &opt)
+}
+
+// SetNow replaces the store's clock. Call it before using the store.
+func (s *BoltStore) SetNow(now func() time.Time) { s.now = now }
+
+// SetNow replaces the store's clock. Call it before using the store.
+func (m *MemoryStore) SetNow(now func() time.Time) { m.now = now }
+
+// Journal bucket names, for tests that damage a journal on purpose.
+var (
+	BucketOps    = bucketOps
+	BucketBodies = bucketBodies
+)

@@ -1,0 +1,264 @@
+// Package groupcommit commits the writes of many goroutines together: one
+// transaction, and so one fsync, per group.
+//
+// A Writer runs one goroutine. Each commit takes everything that was queued
+// while the previous commit ran (up to a cap), so a lone caller is committed
+// at once and a crowd shares fsyncs. There is no timer: nobody waits for a
+// group to fill.
+//
+// The functions of a group run in queue order inside one transaction. If one
+// of them returns an error (or panics), the transaction is rolled back and
+// the group is run again without it, so one caller's failure never fails the
+// others. Because of this a function MAY BE CALLED MORE THAN ONCE and must
+// only derive its effects from the transaction it is given. If the commit
+// itself fails (a full disk, an I/O error), every function of the group gets
+// that error.
+package groupcommit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrClosed is returned by Do, Go and Sync after Close was called.
+var ErrClosed = errors.New("groupcommit: writer closed")
+
+// Options tune a Writer. The zero value is usable.
+type Options struct {
+	// MaxGroup caps the number of functions one transaction runs. Zero
+	// means 1024.
+	MaxGroup int
+	// OnAsyncError is called, on the writer's goroutine, with the error of a
+	// function queued by Go, or of the commit that carried it. Nil ignores
+	// such errors.
+	OnAsyncError func(error)
+}
+
+// A Writer queues functions and runs them in group transactions. It is safe
+// for concurrent use. T is the transaction type (for bbolt, *bbolt.Tx).
+type Writer[T any] struct {
+	update   func(func(T) error) error
+	maxGroup int
+	onAsync  func(error)
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when queue grows or closed is set
+	queue   []*item[T]
+	closed  bool
+	enq     uint64        // functions ever queued
+	done    uint64        // functions ever finished, in queue order
+	flushed chan struct{} // closed and replaced after every group
+	exited  chan struct{}
+}
+
+type item[T any] struct {
+	fn    func(T) error
+	state atomic.Int32
+	res   chan error // nil for Go
+}
+
+const (
+	queued int32 = iota
+	taken
+	cancelled
+)
+
+// errRerun marks the rollback of a group because one function failed.
+var errRerun = errors.New("groupcommit: rerun group")
+
+// New starts a Writer whose commits call update, which must run its
+// argument in one read-write transaction, commit it durably and return the
+// argument's error or the commit's error (bbolt's DB.Update does this).
+// Close stops it.
+func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
+	w := &Writer[T]{
+		update:   update,
+		maxGroup: o.MaxGroup,
+		onAsync:  o.OnAsyncError,
+		flushed:  make(chan struct{}),
+		exited:   make(chan struct{}),
+	}
+	if w.maxGroup <= 0 {
+		w.maxGroup = 1024
+	}
+	w.cond = sync.NewCond(&w.mu)
+	go w.loop()
+	return w
+}
+
+// Do queues fn and waits until the group that ran it has committed. It
+// returns fn's error, or the commit's error, or nil once fn's effects are
+// durable. If ctx ends while fn is still queued, fn is dropped and Do
+// returns the context's cause; once fn's group has started, Do waits for it.
+func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	it := &item[T]{fn: fn, res: make(chan error, 1)}
+	if err := w.push(it); err != nil {
+		return err
+	}
+	select {
+	case err := <-it.res:
+		return err
+	case <-ctx.Done():
+		if it.state.CompareAndSwap(queued, cancelled) {
+			return context.Cause(ctx)
+		}
+		return <-it.res
+	}
+}
+
+// Go queues fn and returns at once. fn runs in the next group; its error,
+// or that group's commit error, goes to Options.OnAsyncError.
+func (w *Writer[T]) Go(fn func(T) error) error {
+	return w.push(&item[T]{fn: fn})
+}
+
+// Sync waits until every function queued before it was called has run and
+// its group has committed. It returns at once if nothing is queued or
+// running, and returns the context's cause if ctx ends first.
+func (w *Writer[T]) Sync(ctx context.Context) error {
+	w.mu.Lock()
+	if w.closed && w.enq == w.done {
+		w.mu.Unlock()
+		return ErrClosed
+	}
+	target := w.enq
+	for w.done < target {
+		ch := w.flushed
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		w.mu.Lock()
+	}
+	w.mu.Unlock()
+	return nil
+}
+
+// Close runs and commits everything queued, stops the goroutine and returns.
+// Later calls of Do, Go and Sync return ErrClosed.
+func (w *Writer[T]) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		<-w.exited
+		return ErrClosed
+	}
+	w.closed = true
+	w.cond.Signal()
+	w.mu.Unlock()
+	<-w.exited
+	return nil
+}
+
+func (w *Writer[T]) push(it *item[T]) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return ErrClosed
+	}
+	w.queue = append(w.queue, it)
+	w.enq++
+	if len(w.queue) == 1 {
+		w.cond.Signal()
+	}
+	return nil
+}
+
+func (w *Writer[T]) loop() {
+	defer close(w.exited)
+	var group []*item[T]
+	for {
+		w.mu.Lock()
+		for len(w.queue) == 0 && !w.closed {
+			w.cond.Wait()
+		}
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
+			return
+		}
+		n := min(len(w.queue), w.maxGroup)
+		group = append(group[:0], w.queue[:n]...)
+		clear(w.queue[:n])
+		w.queue = w.queue[n:]
+		if len(w.queue) == 0 {
+			w.queue = w.queue[:0:0] // let the old backing array go
+		}
+		w.mu.Unlock()
+
+		w.run(group)
+		clear(group)
+
+		w.mu.Lock()
+		w.done += uint64(n)
+		close(w.flushed)
+		w.flushed = make(chan struct{})
+		w.mu.Unlock()
+	}
+}
+
+// run commits one group, rerunning it without any function that fails.
+func (w *Writer[T]) run(group []*item[T]) {
+	live := group[:0:0]
+	for _, it := range group {
+		if it.state.CompareAndSwap(queued, taken) {
+			live = append(live, it)
+		}
+	}
+	for len(live) > 0 {
+		failed, ferr := -1, error(nil)
+		err := w.safeUpdate(func(tx T) error {
+			for i, it := range live {
+				if err := call(it.fn, tx); err != nil {
+					failed, ferr = i, err
+					return errRerun
+				}
+			}
+			return nil
+		})
+		if failed >= 0 {
+			w.finish(live[failed], ferr)
+			live = append(live[:failed], live[failed+1:]...)
+			continue
+		}
+		for _, it := range live {
+			w.finish(it, err)
+		}
+		return
+	}
+}
+
+func (w *Writer[T]) safeUpdate(fn func(T) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("groupcommit: commit panicked: %v", p)
+		}
+	}()
+	return w.update(fn)
+}
+
+func call[T any](fn func(T) error, tx T) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("groupcommit: function panicked: %v", p)
+		}
+	}()
+	return fn(tx)
+}
+
+func (w *Writer[T]) finish(it *item[T], err error) {
+	if it.res != nil {
+		it.res <- err
+		return
+	}
+	if err != nil && w.onAsync != nil {
+		w.onAsync(err)
+	}
+}

@@ -1,0 +1,333 @@
+package groupcommit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeDB is a transactional map: a transaction's writes become visible only
+// if its function and its commit succeed.
+type fakeDB struct {
+	mu        sync.Mutex
+	data      map[string]int
+	groups    [][]string    // names written by each committed transaction
+	failOn    map[int]error // commit number (from 1) -> its error
+	gate      chan struct{}
+	entered   chan struct{}
+	callCount int
+}
+
+type fakeTx struct{ writes []string }
+
+func (tx *fakeTx) put(name string) { tx.writes = append(tx.writes, name) }
+
+func newFakeDB() *fakeDB { return &fakeDB{data: map[string]int{}} }
+
+func (db *fakeDB) update(fn func(*fakeTx) error) error {
+	db.mu.Lock()
+	db.callCount++
+	gate, entered := db.gate, db.entered
+	db.gate, db.entered = nil, nil
+	db.mu.Unlock()
+	if entered != nil {
+		close(entered)
+		<-gate
+	}
+	tx := &fakeTx{}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if err := db.failOn[db.callCount]; err != nil {
+		return err
+	}
+	for _, w := range tx.writes {
+		db.data[w]++
+	}
+	db.groups = append(db.groups, tx.writes)
+	return nil
+}
+
+// hold makes the next commit block until the returned release is called;
+// entered is closed once that commit has started.
+func (db *fakeDB) hold() (entered chan struct{}, release func()) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	gate, entered := make(chan struct{}), make(chan struct{})
+	db.gate, db.entered = gate, entered
+	return entered, func() { close(gate) }
+}
+
+func put(name string) func(*fakeTx) error {
+	return func(tx *fakeTx) error { tx.put(name); return nil }
+}
+
+// waitQueued waits until n functions are queued behind the running group.
+func waitQueued[T any](t *testing.T, w *Writer[T], n int) {
+	t.Helper()
+	for {
+		w.mu.Lock()
+		q := len(w.queue)
+		w.mu.Unlock()
+		if q >= n {
+			return
+		}
+		// Yield to the goroutines that are queueing.
+		select {
+		case <-t.Context().Done():
+			t.Fatal("test ended while waiting")
+		default:
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestGroupTakesEverythingQueued(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{})
+	defer w.Close()
+	ctx := t.Context()
+
+	entered, release := db.hold()
+	first := make(chan error, 1)
+	go func() { first <- w.Do(ctx, put("first")) }()
+	<-entered
+
+	const n = 50
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- w.Do(ctx, put(fmt.Sprint("w", i))) }()
+	}
+	waitQueued(t, w, n)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if len(db.groups) != 2 || len(db.groups[1]) != n {
+		t.Fatalf("got %d commits (sizes %v), want 2 with the second holding %d", len(db.groups), groupSizes(db.groups), n)
+	}
+}
+
+func TestMaxGroup(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{MaxGroup: 3})
+	defer w.Close()
+	entered, release := db.hold()
+	if err := w.Go(put("first")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	for i := range 7 {
+		if err := w.Go(put(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release()
+	if err := w.Sync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if got, want := groupSizes(db.groups), []int{1, 3, 3, 1}; !slices.Equal(got, want) {
+		t.Fatalf("group sizes %v, want %v", got, want)
+	}
+}
+
+func TestFailingFunctionDoesNotFailOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bad  func(*fakeTx) error
+	}{
+		{"error", func(tx *fakeTx) error { tx.put("partial"); return errors.New("bad input") }},
+		{"panic", func(tx *fakeTx) error { tx.put("partial"); panic("boom") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := newFakeDB()
+			w := New(db.update, Options{})
+			defer w.Close()
+			ctx := t.Context()
+			entered, release := db.hold()
+			go w.Do(ctx, put("first")) //nolint:errcheck // only holds the writer
+			<-entered
+
+			results := make([]chan error, 3)
+			fns := []func(*fakeTx) error{put("a"), tc.bad, put("b")}
+			for i, fn := range fns {
+				results[i] = make(chan error, 1)
+				go func() { results[i] <- w.Do(ctx, fn) }()
+				waitQueued(t, w, i+1)
+			}
+			release()
+			if err := <-results[0]; err != nil {
+				t.Errorf("a: %v", err)
+			}
+			if err := <-results[1]; err == nil {
+				t.Error("bad function: got nil error")
+			}
+			if err := <-results[2]; err != nil {
+				t.Errorf("b: %v", err)
+			}
+			db.mu.Lock()
+			defer db.mu.Unlock()
+			if db.data["a"] != 1 || db.data["b"] != 1 || db.data["partial"] != 0 {
+				t.Fatalf("committed %v, want a and b once and no partial write", db.data)
+			}
+		})
+	}
+}
+
+func TestCommitFailureReachesEveryCaller(t *testing.T) {
+	db := newFakeDB()
+	asyncErrs := make(chan error, 1)
+	w := New(db.update, Options{OnAsyncError: func(err error) { asyncErrs <- err }})
+	defer w.Close()
+	ctx := t.Context()
+	entered, release := db.hold()
+	first := make(chan error, 1)
+	go func() { first <- w.Do(ctx, put("first")) }()
+	<-entered
+
+	diskFull := errors.New("no space left on device")
+	const n = 5
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- w.Do(ctx, put(fmt.Sprint(i))) }()
+	}
+	waitQueued(t, w, n)
+	if err := w.Go(put("async")); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	db.failOn = map[int]error{2: diskFull} // the group queued behind "first"
+	db.mu.Unlock()
+	release()
+	if err := <-first; err != nil {
+		t.Fatalf("first commit: %v", err)
+	}
+	for range n {
+		if err := <-errs; !errors.Is(err, diskFull) {
+			t.Errorf("caller in the failed group: got %v, want the commit error", err)
+		}
+	}
+	if err := <-asyncErrs; !errors.Is(err, diskFull) {
+		t.Errorf("async function in the failed group: got %v, want the commit error", err)
+	}
+	if err := w.Do(ctx, put("next")); err != nil {
+		t.Fatalf("the group after a failed commit: %v", err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if len(db.data) != 2 || db.data["first"] != 1 || db.data["next"] != 1 {
+		t.Fatalf("committed %v, want only first and next", db.data)
+	}
+}
+
+func groupSizes(groups [][]string) []int {
+	var s []int
+	for _, g := range groups {
+		s = append(s, len(g))
+	}
+	return s
+}
+
+func TestCloseFlushesAndRefuses(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{})
+	for i := range 10 {
+		if err := w.Go(put(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	if len(db.data) != 10 {
+		t.Errorf("committed %d of 10 queued functions before Close returned", len(db.data))
+	}
+	db.mu.Unlock()
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"Do":    w.Do(ctx, put("late")),
+		"Go":    w.Go(put("late")),
+		"Sync":  w.Sync(ctx),
+		"Close": w.Close(),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
+		}
+	}
+}
+
+func TestCancelWhileQueued(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{})
+	defer w.Close()
+	entered, release := db.hold()
+	go w.Do(t.Context(), put("first")) //nolint:errcheck // only holds the writer
+	<-entered
+	ctx, cancel := context.WithCancel(t.Context())
+	res := make(chan error, 1)
+	go func() { res <- w.Do(ctx, put("cancelled")) }()
+	waitQueued(t, w, 1)
+	cancel()
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	release()
+	if err := w.Do(t.Context(), put("after")); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.data["cancelled"] != 0 {
+		t.Fatal("a function cancelled while queued was committed")
+	}
+}
+
+func TestSyncWaitsForAsync(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{})
+	defer w.Close()
+	entered, release := db.hold()
+	if err := w.Go(put("a")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	if err := w.Go(put("b")); err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- w.Sync(t.Context()) }()
+	select {
+	case <-synced:
+		t.Fatal("Sync returned while a queued function had not committed")
+	default:
+	}
+	release()
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.data["a"] != 1 || db.data["b"] != 1 {
+		t.Fatalf("after Sync: %v", db.data)
+	}
+}
