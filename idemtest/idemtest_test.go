@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync"
@@ -772,4 +773,48 @@ func panics(t *testing.T, f func()) {
 		}
 	}()
 	f()
+}
+
+// BenchmarkRoundTrip compares a round trip through a Server with one
+// through a plain httptest.Server running the same handler. Compare the
+// ns/op of the sub-benchmarks of one run.
+func BenchmarkRoundTrip(b *testing.B) {
+	h := &charger{}
+	body := `{"amount":1000,"currency":"eur"}`
+	bench := func(b *testing.B, url string, c *http.Client, key func() string) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				req, _ := http.NewRequest("POST", url+"/charges", strings.NewReader(body))
+				if k := key(); k != "" {
+					req.Header.Set("Idempotency-Key", k)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	var n atomic.Int64
+	newKey := func() string { return fmt.Sprint("key-", n.Add(1)) }
+
+	b.Run("httptest", func(b *testing.B) {
+		srv := httptest.NewServer(h)
+		defer srv.Close()
+		bench(b, srv.URL, srv.Client(), func() string { return "" })
+	})
+	b.Run("idemtest/new-key", func(b *testing.B) {
+		srv := idemtest.NewServer(h)
+		defer srv.Close()
+		bench(b, srv.URL, srv.Client(), newKey)
+	})
+	b.Run("idemtest/replay", func(b *testing.B) {
+		srv := idemtest.NewServer(h)
+		defer srv.Close()
+		bench(b, srv.URL, srv.Client(), func() string { return "same" })
+	})
 }
