@@ -1,12 +1,19 @@
 package idem_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/idemgo/idem/internal/crashtest"
 )
 
-// TestMain fails the package's tests if any goroutine outlives them.
+// TestMain runs a crash-test child's mode when this binary was started as
+// one, and otherwise runs the tests and fails if any goroutine outlives them.
 func TestMain(m *testing.M) {
+	if child, ok := crashChildren[crashtest.Mode()]; ok {
+		os.Exit(child())
+	}
 	goleak.VerifyTestMain(m)
 }
