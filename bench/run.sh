@@ -23,6 +23,8 @@ if [ -f ../boltstore.go ]; then TAGS=(-tags idembolt); fi
   echo "# $(date -u +%FT%TZ) $(go version)"
   echo "# nproc $(nproc); $(uname -srm)"
   echo "# disk of \$TMPDIR: $(df -P "${TMPDIR:-/tmp}" | awk 'NR==2 {print $1}') rotational=$(cat /sys/block/"$(basename "$(df -P "${TMPDIR:-/tmp}" | awk 'NR==2 {print $1}')")"/queue/rotational 2>/dev/null || echo '?')"
+  echo "# idem at $(git -C .. rev-parse --short HEAD)$(git -C .. status --porcelain -- ':!bench' ':!BENCHMARKS.md' | grep -q . && echo ' + uncommitted changes')"
+  if [ -f ../boltstore.go ]; then echo "# boltstore.go sha256 $(sha256sum ../boltstore.go | cut -c1-16) ($(git -C .. ls-files --error-unmatch boltstore.go > /dev/null 2>&1 && echo committed || echo uncommitted))"; fi
   echo "# load before: $(cat /proc/loadavg)"
 } | tee "$OUT/machine.txt"
 
@@ -44,11 +46,12 @@ if [ ${#TAGS[@]} -gt 0 ] && command -v strace > /dev/null; then
       "$OUT/bench.test" -test.run='^TestFsyncLoad$' > /dev/null
     awk '$NF=="fsync" || $NF=="fdatasync" {n += $4} END {print n+0}' "$OUT/strace.tmp"
   }
-  echo "inflight requests fsyncs fixed per_request ideal_per_request" | tee -a "$OUT/fsync.txt"
+  echo "inflight requests fsyncs fixed fsyncs_per_request ideal_commits_per_request" | tee -a "$OUT/fsync.txt"
   for c in 1 32 128; do
     fixed=$(count 0 "$c")
     total=$(count "$FSYNC_N" "$c")
-    # Ideal: one commit per group of c requests; awk prints the measured
+    # Ideal: one commit per group of c requests (a bbolt commit issues two
+    # fdatasyncs: data pages, then the meta page); awk prints the measured
     # per-request count (fixed cost removed).
     echo "$c $FSYNC_N $total $fixed" |
       awk '{printf "%d %d %d %d %.3f %.3f\n", $1, $2, $3, $4, ($3-$4)/$2, 1/$1}' | tee -a "$OUT/fsync.txt"
