@@ -1,8 +1,3 @@
-//go:build idembolt
-
-// This file needs idem's bbolt journal (idem.Open); run.sh builds with
-// -tags idembolt once ../boltstore.go exists.
-
 package bench
 
 import (

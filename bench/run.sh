@@ -15,9 +15,6 @@ LARGETIME=${LARGETIME:-10x}
 FSYNC_N=${FSYNC_N:-3000}
 mkdir -p "$OUT"
 
-# idem.Open (the bbolt journal) is built only once idem has it.
-TAGS=()
-if [ -f ../boltstore.go ]; then TAGS=(-tags idembolt); fi
 
 {
   echo "# $(date -u +%FT%TZ) $(go version)"
@@ -28,7 +25,7 @@ if [ -f ../boltstore.go ]; then TAGS=(-tags idembolt); fi
   echo "# load before: $(cat /proc/loadavg)"
 } | tee "$OUT/machine.txt"
 
-go test -c "${TAGS[@]}" -o "$OUT/bench.test" .
+go test -c -o "$OUT/bench.test" .
 
 "$OUT/bench.test" -test.run='^$' -test.bench='^BenchmarkPeers$' \
   -test.benchtime="$BENCHTIME" -test.benchmem | tee "$OUT/peers.txt"
@@ -39,7 +36,7 @@ go test -c "${TAGS[@]}" -o "$OUT/bench.test" .
 # tree (the server child never syncs); the N=0 run is the fixed cost of
 # opening and closing the journal, subtracted from each N=FSYNC_N run.
 : > "$OUT/fsync.txt"
-if [ ${#TAGS[@]} -gt 0 ] && command -v strace > /dev/null; then
+if command -v strace > /dev/null; then
   count() { # count N INFLIGHT -> number of fsync+fdatasync calls
     IDEMBENCH_FSYNC_N=$1 IDEMBENCH_FSYNC_INFLIGHT=$2 \
       strace -f -c -e trace=fsync,fdatasync -o "$OUT/strace.tmp" \
@@ -59,7 +56,7 @@ if [ ${#TAGS[@]} -gt 0 ] && command -v strace > /dev/null; then
   rm -f "$OUT/strace.tmp"
   echo "# ideal_per_request counts commits (1 per group of in-flight requests); one bbolt commit issues fdatasync more than once, see BENCHMARKS.md" >> "$OUT/fsync.txt"
 else
-  echo "# skipped: idem-bbolt not built yet or strace missing" | tee -a "$OUT/fsync.txt"
+  echo "# skipped: strace missing (apt-get install -y strace)" | tee -a "$OUT/fsync.txt"
 fi
 
 echo "# load after: $(cat /proc/loadavg)" | tee -a "$OUT/machine.txt"
