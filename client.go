@@ -23,6 +23,8 @@ type Client struct {
 	http      *http.Client
 	cfg       config
 
+	resumeMu sync.Mutex // one Resume at a time
+
 	stop chan struct{} // closed by Close to stop the background resumer
 	done chan struct{} // closed when the background resumer has returned
 	once sync.Once
@@ -112,6 +114,8 @@ const resumePage = 256
 
 // resume is Resume for operations last updated at least minAge ago.
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
+	c.resumeMu.Lock()
+	defer c.resumeMu.Unlock()
 	if fn == nil {
 		fn = c.logOutcome
 	}
@@ -130,6 +134,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	)
 	defer wg.Wait()
 	for {
+		mark := c.transport.flight.mark()
 		page, err := c.store.Pending(ctx, after, resumePage)
 		if err != nil {
 			return fmt.Errorf("idem: resume: reading pending operations: %w", err)
@@ -151,7 +156,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				if err := c.resumeOne(ctx, op, fn); err != nil {
+				if err := c.resumeOne(ctx, op, mark, fn); err != nil {
 					mu.Lock()
 					panics = append(panics, err)
 					mu.Unlock()
@@ -163,24 +168,25 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	return errors.Join(panics...)
 }
 
-// resumeOne finishes one pending operation. It returns an error only when
-// fn panicked.
-func (c *Client) resumeOne(ctx context.Context, op Operation, fn func(Operation, *http.Response, error)) error {
+// resumeOne finishes one pending operation, read from the journal after
+// mark. It returns an error only when fn panicked.
+func (c *Client) resumeOne(ctx context.Context, op Operation, mark quietMark, fn func(Operation, *http.Response, error)) error {
 	t := c.transport
 	ids := []string{"k:" + op.Key}
 	if op.Name != "" {
 		ids = append(ids, "n:"+op.Name)
 	}
-	if !t.acquire(ids...) {
+	if !t.flight.acquire(false, ids...) {
 		return nil // in flight here; its caller gets the outcome
 	}
-	defer t.release(ids...)
-	rec, err := c.store.Get(ctx, op.Key) // it may have finished since the page was read
-	if err != nil || rec.State != StatePending {
-		return nil
-	}
-	if rec.Body == nil && rec.Header == nil {
-		rec.Header, rec.Body = op.Header, op.Body
+	defer t.flight.release(false, ids...)
+	rec := op
+	if !t.flight.quietSince(mark) {
+		// A live call may have finished it since the page was read.
+		var err error
+		if rec, err = c.store.Get(ctx, op.Key); err != nil || rec.State != StatePending {
+			return nil
+		}
 	}
 	failed := func(state State, cause, err error) {
 		if state.Finished() {

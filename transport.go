@@ -58,8 +58,7 @@ type Transport struct {
 	store KeyStore
 	cfg   config
 
-	mu       sync.Mutex
-	inflight map[string]struct{} // "k:"+key and "n:"+name of operations being sent here
+	flight inflight
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -73,7 +72,6 @@ func (t *Transport) init() {
 		if t.cfg.header == "" {
 			t.cfg = newConfig(nil)
 		}
-		t.inflight = make(map[string]struct{})
 	})
 }
 
@@ -107,7 +105,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(ids...)
+	defer t.flight.release(true, ids...)
 
 	out := req.Clone(ctx)
 	out.Header.Set(t.cfg.header, op.Key)
@@ -190,27 +188,27 @@ func (t *Transport) reserve(ctx context.Context, op *Operation) ([]string, error
 	if op.Name != "" {
 		ids = append(ids, "n:"+op.Name)
 	}
-	if !t.acquire(ids...) {
+	if !t.flight.acquire(true, ids...) {
 		return nil, &Error{Key: op.Key, Name: op.Name, Cause: ErrInProgress}
 	}
 	rec, created, err := t.store.Reserve(ctx, *op)
 	if err != nil {
-		t.release(ids...)
+		t.flight.release(true, ids...)
 		return nil, &Error{Key: op.Key, Name: op.Name, Cause: err}
 	}
 	if created {
 		return ids, nil
 	}
 	if rec.Key != op.Key { // the name already had a key
-		if !t.acquire("k:" + rec.Key) {
-			t.release(ids...)
+		if !t.flight.acquire(false, "k:"+rec.Key) {
+			t.flight.release(true, ids...)
 			return nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
 		}
 		ids = append(ids, "k:"+rec.Key)
 	}
 	err = t.takeOver(ctx, &rec, op)
 	if err != nil {
-		t.release(ids...)
+		t.flight.release(true, ids...)
 		return nil, err
 	}
 	*op = rec
@@ -242,28 +240,72 @@ func (t *Transport) takeOver(ctx context.Context, rec, op *Operation) error {
 	return nil
 }
 
+// inflight is the set of operations this process is sending, by "k:"+key
+// and "n:"+name, so that no operation is sent twice at once: not by two
+// calls, nor by a call and Resume. It also counts live calls (RoundTrip,
+// not Resume), which lets Resume tell whether a page of pending operations
+// it read can have gone stale.
+type inflight struct {
+	mu   sync.Mutex
+	ids  map[string]struct{}
+	live int    // live calls in flight
+	seq  uint64 // live calls ever started
+}
+
 // acquire marks ids in flight, all or none, and reports whether it did.
-func (t *Transport) acquire(ids ...string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// live says whether this starts a live call.
+func (f *inflight) acquire(live bool, ids ...string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, id := range ids {
-		if _, busy := t.inflight[id]; busy {
+		if _, busy := f.ids[id]; busy {
 			return false
 		}
 	}
+	if f.ids == nil {
+		f.ids = make(map[string]struct{})
+	}
 	for _, id := range ids {
-		t.inflight[id] = struct{}{}
+		f.ids[id] = struct{}{}
+	}
+	if live {
+		f.live++
+		f.seq++
 	}
 	return true
 }
 
 // release undoes acquire.
-func (t *Transport) release(ids ...string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (f *inflight) release(live bool, ids ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, id := range ids {
-		delete(t.inflight, id)
+		delete(f.ids, id)
 	}
+	if live {
+		f.live--
+	}
+}
+
+// quietMark is the state of live calls at one moment.
+type quietMark struct {
+	live int
+	seq  uint64
+}
+
+// mark returns the state of live calls now.
+func (f *inflight) mark() quietMark {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return quietMark{f.live, f.seq}
+}
+
+// quietSince reports whether no live call was in flight at m and none has
+// started since: then no live call can have changed an operation since.
+func (f *inflight) quietSince(m quietMark) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m.live == 0 && f.seq == m.seq
 }
 
 // send runs the attempts of a journaled operation: tmpl is the request to
