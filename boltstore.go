@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"sync/atomic"
 	"syscall"
@@ -80,6 +81,8 @@ var (
 // transactions that had not finished committing are rolled back by bbolt.
 type BoltStore struct {
 	db     *bolt.DB
+	file   *os.File    // bbolt's file handle, to release a broken journal
+	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
 	w      *groupcommit.Writer[*bolt.Tx]
 	log    *slog.Logger
 	o      BoltOptions
@@ -113,13 +116,13 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	db, err := openBolt(path, opt.LockTimeout)
+	db, err := s.openBolt(path, opt.LockTimeout)
 	if err != nil {
 		return nil, err
 	}
 	s.db = db
 	if err := s.init(); err != nil {
-		_ = db.Close()
+		_ = s.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
 	s.w = groupcommit.New(s.update, groupcommit.Options{
@@ -140,21 +143,39 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 // openBolt opens the bbolt file and maps its errors to idem's sentinels. A
 // damaged file can make bbolt panic or fault on its memory map; both are
 // turned into ErrJournalCorrupt.
-func openBolt(path string, timeout time.Duration) (db *bolt.DB, err error) {
+func (s *BoltStore) openBolt(path string, timeout time.Duration) (db *bolt.DB, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
+			if s.file != nil {
+				_ = s.file.Close()
+			}
 			db, err = nil, fmt.Errorf("open journal %s: %w: %v", path, ErrJournalCorrupt, p)
 		}
 	}()
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      timeout,
 		FreelistType: bolt.FreelistMapType,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			s.file = f
+			return f, err
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, mapOpenError(err))
 	}
 	return db, nil
+}
+
+// release closes the bbolt file. After bbolt panicked its locks may be
+// held, so DB.Close would block forever: then only the file is closed,
+// which releases the lock on it, and the memory map is left behind.
+func (s *BoltStore) release() error {
+	if s.broken.Load() {
+		return s.file.Close()
+	}
+	return s.db.Close()
 }
 
 func mapOpenError(err error) error {
@@ -176,6 +197,21 @@ func mapOpenError(err error) error {
 // init checks the format marker and creates the buckets of a new journal.
 // A bbolt file with other buckets and no marker is foreign.
 func (s *BoltStore) init() error {
+	fi, err := s.file.Stat()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
+	}
+	// A file shorter than the pages its meta page claims was truncated;
+	// reading those pages would fault.
+	err = s.view(func(tx *bolt.Tx) error {
+		if fi.Size() < tx.Size() {
+			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrJournalCorrupt, fi.Size(), tx.Size())
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
 	return s.update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(bucketMeta); m != nil {
 			if f := m.Get(metaFormatKey); !bytes.Equal(f, metaFormat) {
@@ -211,9 +247,13 @@ func (s *BoltStore) init() error {
 // bbolt (a damaged page) becomes ErrJournalCorrupt; a failed commit
 // becomes ErrJournalWrite.
 func (s *BoltStore) update(fn func(*bolt.Tx) error) (err error) {
+	if s.broken.Load() {
+		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
+	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
+			s.broken.Store(true)
 			err = fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
 		}
 	}()
@@ -230,9 +270,13 @@ func (s *BoltStore) update(fn func(*bolt.Tx) error) (err error) {
 
 // view runs fn in a read transaction, with the same protection as update.
 func (s *BoltStore) view(fn func(*bolt.Tx) error) (err error) {
+	if s.broken.Load() {
+		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
+	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
+			s.broken.Store(true)
 			err = fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
 		}
 	}()
@@ -810,5 +854,5 @@ func (s *BoltStore) Close() error {
 	if s.w != nil {
 		werr = closedErr(s.w.Close())
 	}
-	return errors.Join(werr, s.db.Close())
+	return errors.Join(werr, s.release())
 }
