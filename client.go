@@ -172,14 +172,11 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 // mark. It returns an error only when fn panicked.
 func (c *Client) resumeOne(ctx context.Context, op Operation, mark quietMark, fn func(Operation, *http.Response, error)) error {
 	t := c.transport
-	ids := []string{"k:" + op.Key}
-	if op.Name != "" {
-		ids = append(ids, "n:"+op.Name)
-	}
-	if !t.flight.acquire(false, ids...) {
+	ids := flightIDs(&op)
+	if !t.flight.acquire(false, ids) {
 		return nil // in flight here; its caller gets the outcome
 	}
-	defer t.flight.release(false, ids...)
+	defer t.flight.release(false, ids)
 	rec := op
 	if !t.flight.quietSince(mark) {
 		// A live call may have finished it since the page was read.

@@ -82,7 +82,7 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if op.Name != "" {
 		m.names[op.Name] = op.Key
 	}
-	return copyOp(&rec), true, nil
+	return op, true, nil // the caller's own op: the store keeps a copy
 }
 
 // Reopen implements KeyStore.

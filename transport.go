@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
 
 	"github.com/idemgo/idem/internal/fingerprint"
@@ -105,10 +106,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer t.flight.release(true, ids...)
+	defer t.flight.release(true, ids)
 
-	out := req.Clone(ctx)
-	out.Header.Set(t.cfg.header, op.Key)
+	// A shallow copy with its own header: the caller's request is not
+	// modified, and its URL and other fields are only read.
+	out := new(http.Request)
+	*out = *req
+	out.Header = req.Header.Clone()
+	if out.Header == nil {
+		out.Header = make(http.Header, 1)
+	}
+	out.Header[t.cfg.header] = []string{op.Key}
 	return t.send(ctx, &op, out)
 }
 
@@ -183,33 +191,31 @@ func (t *Transport) journaledHeader(h http.Header) http.Header {
 // for its key or name, and marks the operation in flight in this process.
 // On success op is the record to send and the caller must release the
 // returned ids when done.
-func (t *Transport) reserve(ctx context.Context, op *Operation) ([]string, error) {
-	ids := []string{"k:" + op.Key}
-	if op.Name != "" {
-		ids = append(ids, "n:"+op.Name)
-	}
-	if !t.flight.acquire(true, ids...) {
-		return nil, &Error{Key: op.Key, Name: op.Name, Cause: ErrInProgress}
+func (t *Transport) reserve(ctx context.Context, op *Operation) (flights, error) {
+	ids := flightIDs(op)
+	if !t.flight.acquire(true, ids) {
+		return flights{}, &Error{Key: op.Key, Name: op.Name, Cause: ErrInProgress}
 	}
 	rec, created, err := t.store.Reserve(ctx, *op)
 	if err != nil {
-		t.flight.release(true, ids...)
-		return nil, &Error{Key: op.Key, Name: op.Name, Cause: err}
+		t.flight.release(true, ids)
+		return flights{}, &Error{Key: op.Key, Name: op.Name, Cause: err}
 	}
 	if created {
 		return ids, nil
 	}
 	if rec.Key != op.Key { // the name already had a key
-		if !t.flight.acquire(false, "k:"+rec.Key) {
-			t.flight.release(true, ids...)
-			return nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
+		own := flights{ids: [3]flightID{{id: rec.Key}}, n: 1}
+		if !t.flight.acquire(false, own) {
+			t.flight.release(true, ids)
+			return flights{}, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
 		}
-		ids = append(ids, "k:"+rec.Key)
+		ids.add(flightID{id: rec.Key})
 	}
 	err = t.takeOver(ctx, &rec, op)
 	if err != nil {
-		t.flight.release(true, ids...)
-		return nil, err
+		t.flight.release(true, ids)
+		return flights{}, err
 	}
 	*op = rec
 	return ids, nil
@@ -240,21 +246,22 @@ func (t *Transport) takeOver(ctx context.Context, rec, op *Operation) error {
 	return nil
 }
 
-// inflight is the set of operations this process is sending, by "k:"+key
-// and "n:"+name, so that no operation is sent twice at once: not by two
+// inflight is the set of operations this process is sending, by key and
+// by name, so that no operation is sent twice at once: not by two
 // calls, nor by a call and Resume. It also counts live calls (RoundTrip,
 // not Resume), which lets Resume tell whether a page of pending operations
 // it read can have gone stale.
 type inflight struct {
 	mu   sync.Mutex
-	ids  map[string]struct{}
+	ids  map[flightID]struct{}
 	live int    // live calls in flight
 	seq  uint64 // live calls ever started
 }
 
 // acquire marks ids in flight, all or none, and reports whether it did.
 // live says whether this starts a live call.
-func (f *inflight) acquire(live bool, ids ...string) bool {
+func (f *inflight) acquire(live bool, fs flights) bool {
+	ids := fs.ids[:fs.n]
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
@@ -263,7 +270,7 @@ func (f *inflight) acquire(live bool, ids ...string) bool {
 		}
 	}
 	if f.ids == nil {
-		f.ids = make(map[string]struct{})
+		f.ids = make(map[flightID]struct{})
 	}
 	for _, id := range ids {
 		f.ids[id] = struct{}{}
@@ -276,7 +283,8 @@ func (f *inflight) acquire(live bool, ids ...string) bool {
 }
 
 // release undoes acquire.
-func (f *inflight) release(live bool, ids ...string) {
+func (f *inflight) release(live bool, fs flights) {
+	ids := fs.ids[:fs.n]
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, id := range ids {
@@ -285,6 +293,30 @@ func (f *inflight) release(live bool, ids ...string) {
 	if live {
 		f.live--
 	}
+}
+
+// flightID names an operation in flight: by key, or by name.
+type flightID struct {
+	name bool
+	id   string
+}
+
+// flights is the few flightIDs of one operation, kept by value so that
+// marking an operation in flight does not allocate.
+type flights struct {
+	ids [3]flightID
+	n   int
+}
+
+func (f *flights) add(id flightID) { f.ids[f.n] = id; f.n++ }
+
+// flightIDs returns the ids of op: its key, and its name if it has one.
+func flightIDs(op *Operation) flights {
+	fs := flights{ids: [3]flightID{{id: op.Key}}, n: 1}
+	if op.Name != "" {
+		fs.add(flightID{name: true, id: op.Name})
+	}
+	return fs
 }
 
 // quietMark is the state of live calls at one moment.
@@ -314,7 +346,11 @@ func (f *inflight) quietSince(m quietMark) bool {
 func (t *Transport) send(ctx context.Context, op *Operation, tmpl *http.Request) (*http.Response, error) {
 	body := op.Body
 	tmpl.ContentLength = int64(len(body))
-	tmpl.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	tmpl.GetBody = func() (io.ReadCloser, error) {
+		r := new(bodyReader)
+		r.Reset(body)
+		return r, nil
+	}
 	if len(body) == 0 {
 		tmpl.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
 	}
@@ -338,12 +374,19 @@ type call struct {
 // attempts is the retry loop: send, classify, wait, send again.
 func (t *Transport) attempts(ctx context.Context, c call) (*http.Response, error) {
 	p := t.cfg.policy
-	bo := p.newBackOff()
+	bo := lazyBackOff{p: p}
 	start := time.Now()
 	mayHaveSent := false
 	for attempt := 1; ; attempt++ {
 		req := c.req
-		if attempt > 1 || c.op != nil {
+		if attempt == 1 && c.op != nil {
+			// The template is the first attempt; later ones copy it.
+			b, err := c.rewind()
+			if err != nil {
+				return nil, t.stop(c, 0, 0, 0, false, ErrNotRetryable, err)
+			}
+			req.Body = b
+		} else if attempt > 1 {
 			var err error
 			if req, err = c.attemptRequest(); err != nil {
 				return nil, t.stop(c, attempt-1, 0, 0, mayHaveSent, ErrNotRetryable, err)
@@ -382,7 +425,7 @@ func (t *Transport) attempts(ctx context.Context, c call) (*http.Response, error
 			return nil, t.stop(c, attempt, 1, 0, mayHaveSent, cause, err)
 		}
 
-		wait, why := t.nextWait(ctx, bo, attempt, start, resp)
+		wait, why := t.nextWait(ctx, &bo, attempt, start, resp)
 		if why != nil {
 			if resp != nil {
 				t.log().LogAttrs(ctx, slog.LevelInfo, "idem: giving up, returning last response",
@@ -434,7 +477,7 @@ func (c call) key() string {
 // nextWait returns how long to wait before the next attempt, or why there
 // is none: attempts used up, total time used up, or the caller's deadline
 // would pass during the wait (then we stop now rather than oversleep).
-func (t *Transport) nextWait(ctx context.Context, bo interface{ NextBackOff() time.Duration }, attempt int, start time.Time, resp *http.Response) (time.Duration, error) {
+func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, attempt int, start time.Time, resp *http.Response) (time.Duration, error) {
 	p := t.cfg.policy
 	if attempt >= p.MaxAttempts {
 		return 0, ErrAttemptsExhausted
@@ -637,3 +680,25 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return context.Cause(ctx)
 	}
 }
+
+// lazyBackOff creates the backoff schedule on the first retry only, so that
+// a request that needs no retry does not pay for it.
+type lazyBackOff struct {
+	p  RetryPolicy
+	bo *backoff.ExponentialBackOff
+}
+
+// NextBackOff returns the next wait bound of the schedule.
+func (l *lazyBackOff) NextBackOff() time.Duration {
+	if l.bo == nil {
+		l.bo = l.p.newBackOff()
+	}
+	return l.bo.NextBackOff()
+}
+
+// bodyReader is a journaled body read by one attempt: a bytes.Reader that
+// closes, in one allocation.
+type bodyReader struct{ bytes.Reader }
+
+// Close implements io.Closer.
+func (*bodyReader) Close() error { return nil }
