@@ -657,6 +657,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, out Outcome) error {
 	}
 	return s.change(ctx, "finish", key, func(r *codec.Record) {
 		r.State = uint8(out.State)
+		r.Attempts += int64(max(out.Attempts, 0))
 		r.LastStatus, r.LastError = int64(out.Status), out.Err
 		r.Header = nil
 	}, true)

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -406,48 +408,48 @@ func TestBoltStoreDiskFull(t *testing.T) {
 	checkFile(t, path)
 }
 
-// TestCrashChildReserve is the child of TestCrashReserve: it reserves keys
-// in a loop from several goroutines and emits each key after Reserve
-// returned, until it is killed.
-func TestCrashChildReserve(t *testing.T) {
-	if crashtest.Mode() != "reserve" {
-		t.Skip("helper process for TestCrashReserve")
-	}
+func init() { crashChildren["reserve"] = childReserve }
+
+// childReserve is the child of TestCrashReserve: it reserves keys in a loop
+// from several goroutines and emits each key after Reserve returned, until
+// it is killed.
+func childReserve() int {
+	ctx := context.Background()
 	s, err := idem.OpenBoltStore(os.Getenv("IDEM_JOURNAL"), nil)
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 2
 	}
 	prefix := os.Getenv("IDEM_ROUND")
 	done := make(chan struct{})
+	var once sync.Once
 	for g := range 4 {
 		go func() {
 			for i := 0; ; i++ {
 				key := fmt.Sprintf("%s-%d-%d", prefix, g, i)
 				op := newOp(key)
 				op.Name = "name-" + key
-				if _, _, err := s.Reserve(t.Context(), op); err != nil {
+				if _, _, err := s.Reserve(ctx, op); err != nil {
 					crashtest.Emit("error", err.Error())
-					close(done)
+					once.Do(func() { close(done) })
 					return
 				}
 				crashtest.Emit("reserved", key)
 				if i%3 == 0 {
-					_ = s.Finish(t.Context(), key, idem.Outcome{State: idem.StateSucceeded, Status: 200})
+					_ = s.Finish(ctx, key, idem.Outcome{State: idem.StateSucceeded, Status: 200})
 				}
 			}
 		}()
 	}
 	<-done // only on error; normally the parent kills us first
+	return 1
 }
 
 func TestCrashReserve(t *testing.T) {
-	if crashtest.Mode() != "" {
-		t.Skip("in a helper process")
-	}
 	path := filepath.Join(t.TempDir(), "journal.db")
 	for round := range 4 {
 		prefix := fmt.Sprint("r", round)
-		child := crashtest.Start(t, "TestCrashChildReserve", "reserve", "IDEM_JOURNAL="+path, "IDEM_ROUND="+prefix)
+		child := crashtest.Start(t, "TestCrashChildNotATest", "reserve", "IDEM_JOURNAL="+path, "IDEM_ROUND="+prefix)
 		lines := child.KillAfter(1 + mathrand.IntN(300))
 		var reserved []string
 		for _, l := range lines {

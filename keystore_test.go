@@ -179,14 +179,17 @@ func TestKeyStoreContract(t *testing.T) {
 			if err := s.Finish(ctx, "k1", idem.Outcome{State: idem.StatePending}); err == nil {
 				t.Error("Finish with a pending state: got nil error")
 			}
-			if err := s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+			if err := s.Attempt(ctx, "k1", idem.Outcome{State: idem.StatePending, Status: 503}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Attempts: 1}); err != nil {
 				t.Fatal(err)
 			}
 			got, err := s.Get(ctx, "k1")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.State != idem.StateSucceeded || got.LastStatus != 201 || got.Body != nil || got.Header != nil {
+			if got.State != idem.StateSucceeded || got.LastStatus != 201 || got.Body != nil || got.Header != nil || got.Attempts != 2 {
 				t.Fatalf("after Finish: %+v", got)
 			}
 			pend, err := s.Pending(ctx, "", 0)
