@@ -1,0 +1,519 @@
+// Command checkout is idem's main demo: a shop pays 100 orders through a
+// payment provider that drops connections, loses responses and answers
+// 503, 429 and 409; midway the shop process is killed for real and
+// restarted, and every order is still charged exactly once.
+//
+// It shows:
+//   - named operations: each payment is idem.WithOperation(ctx,
+//     "pay:order-N"), so it keeps one Idempotency-Key across retries,
+//     crashes and re-drives;
+//   - retries of transient failures with the same key and body, counted by
+//     reason from the provider's own counters;
+//   - a real crash: the program re-executes itself as the shop and kills it
+//     with SIGKILL while the provider holds a payment it has charged but not
+//     yet answered — the moment a naive retry charges twice;
+//   - the restart: the journal tells the new shop which orders are paid,
+//     Client.Resume finishes the payments in flight with their original keys
+//     (the provider replays its stored answers), and the rest are paid by
+//     name;
+//   - WithResumePrepare: credentials are never journaled and are added back
+//     to resumed requests;
+//   - the proof: the provider's ledger has every order exactly once — the
+//     program exits with status 1 if any order is charged twice or never.
+//
+// The provider is an in-process idemtest server on loopback; nothing needs
+// setting up. The journal is kept in a temporary directory for inspection;
+// the program prints its path.
+//
+// Run it with: go run ./examples/checkout
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemtest"
+)
+
+const (
+	orders    = 100
+	killAfter = orders / 2 // orders paid before the shop is killed
+	workers   = 4          // payments the shop has in flight at once
+	apiKey    = "Bearer sk_test_shop"
+
+	// The shop is this program re-executed with these variables set.
+	envRole    = "IDEM_CHECKOUT_ROLE"
+	envJournal = "IDEM_CHECKOUT_JOURNAL"
+	envURL     = "IDEM_CHECKOUT_URL"
+	roleShop   = "shop"
+)
+
+func main() {
+	if os.Getenv(envRole) == roleShop {
+		os.Exit(shopMain())
+	}
+	dir, err := os.MkdirTemp("", "idem-checkout-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := run(os.Stdout, exe, dir); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// orderName and orderBody are the operation name and payload of order n.
+func orderName(n int) string { return "pay:order-" + strconv.Itoa(n) }
+
+func orderBody(n int) string {
+	return fmt.Sprintf(`{"order":%d,"amount":%d,"currency":"eur"}`, n, 1000+10*n)
+}
+
+// ---------------------------------------------------------------------------
+// The shop (child process).
+
+// shopMain is one life of the shop: it pays every order its journal does
+// not record as paid. It writes one line per event to stdout for the
+// parent: "todo <n>", "resumed <order> <status> <replayed>", "paid <order>
+// <status> <replayed>", "closed".
+func shopMain() int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := shop(ctx, os.Getenv(envJournal), os.Getenv(envURL)); err != nil {
+		fmt.Fprintln(os.Stderr, "shop:", err)
+		return 1
+	}
+	return 0
+}
+
+// say writes one line to the parent in a single write.
+var sayMu sync.Mutex
+
+func say(format string, args ...any) {
+	sayMu.Lock()
+	defer sayMu.Unlock()
+	fmt.Fprintf(os.Stdout, format+"\n", args...)
+}
+
+func shop(ctx context.Context, journal, url string) error {
+	paid, err := paidOrders(ctx, journal)
+	if err != nil {
+		return err
+	}
+	say("todo %d", orders-len(paid))
+
+	client, err := idem.Open(journal,
+		idem.WithBackoff(20*time.Millisecond, 500*time.Millisecond),
+		idem.WithResumePrepare(func(r *http.Request) error {
+			r.Header.Set("Authorization", apiKey) // never journaled
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	// Finish what the crash interrupted, with the original keys.
+	var mu sync.Mutex
+	err = client.Resume(ctx, func(op idem.Operation, resp *http.Response, err error) {
+		n, _ := strconv.Atoi(strings.TrimPrefix(op.Name, "pay:order-"))
+		if err != nil {
+			say("resumed %d error", n)
+			return
+		}
+		ok := charged(resp, n)
+		say("resumed %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
+		if ok {
+			mu.Lock()
+			paid[n] = true
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return err
+	}
+
+	// Pay the rest by name.
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range workers {
+		wg.Go(func() {
+			for n := range jobs {
+				if !pay(ctx, client.HTTPClient(), url, n) {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for n := 1; n <= orders; n++ {
+		mu.Lock()
+		done := paid[n]
+		mu.Unlock()
+		if !done {
+			jobs <- n
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if err := client.Close(); err != nil {
+		return err
+	}
+	say("closed")
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d orders could not be paid", n)
+	}
+	return nil
+}
+
+// paidOrders returns the orders the journal records as paid.
+func paidOrders(ctx context.Context, journal string) (map[int]bool, error) {
+	store, err := idem.OpenBoltStore(journal, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	paid := make(map[int]bool)
+	for n := 1; n <= orders; n++ {
+		op, err := store.Named(ctx, orderName(n))
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+		case err != nil:
+			return nil, err
+		case op.State == idem.StateSucceeded:
+			paid[n] = true
+		}
+	}
+	return paid, store.Close()
+}
+
+// pay pays order n, re-driving it by name a few times if idem returns
+// without a charge (attempts ran out on faults); the name keeps the key.
+func pay(ctx context.Context, hc *http.Client, url string, n int) bool {
+	for try := range 5 {
+		if try > 0 {
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+				return false
+			}
+		}
+		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, orderName(n)), http.MethodPost, url+"/v1/charges", strings.NewReader(orderBody(n)))
+		if err != nil {
+			return false
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", apiKey)
+		resp, err := hc.Do(req)
+		if err != nil {
+			continue // outcome unknown: the same name is the same key
+		}
+		if charged(resp, n) {
+			say("paid %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
+			return true
+		}
+	}
+	return false
+}
+
+// charged reads and closes resp and reports whether it is the provider's
+// charge for order n.
+func charged(resp *http.Response, n int) bool {
+	defer resp.Body.Close()
+	var c struct{ Order int }
+	err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&c)
+	return resp.StatusCode/100 == 2 && err == nil && c.Order == n
+}
+
+// ---------------------------------------------------------------------------
+// The demo (parent process): the provider, the crash, the report.
+
+// Report is what the demo found, from the provider's counters and ledger.
+type Report struct {
+	Orders     int
+	Paid       int                    // orders charged at least once
+	Attempts   int                    // requests the provider received
+	Faults     map[idemtest.Fault]int // faults injected, by kind
+	Conflicts  int                    // real 409s: a key still being handled
+	Replays    int                    // stored answers replayed
+	Resumed    int                    // operations finished by Resume after the crash
+	Killed     bool                   // the shop was SIGKILLed mid-payment
+	Duplicates int                    // orders charged more than once
+	Lost       int                    // orders never charged
+	Journal    string
+}
+
+// provider is the payment provider: an idemtest server whose handler
+// charges a card once per run and keeps a ledger. Once hold is set, a
+// charge is performed and then held unanswered until release is closed.
+type provider struct {
+	*idemtest.Server
+	mu      sync.Mutex
+	ledger  map[int]int // charges per order
+	hold    atomic.Bool
+	held    chan struct{} // signals a held charge (buffered: one signal is enough)
+	release chan struct{}
+}
+
+func newProvider() *provider {
+	p := &provider{ledger: make(map[int]int), held: make(chan struct{}, 1), release: make(chan struct{})}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != apiKey {
+			http.Error(w, "no credentials", http.StatusUnauthorized)
+			return
+		}
+		var c struct{ Order int }
+		if err := json.NewDecoder(r.Body).Decode(&c); err != nil || c.Order < 1 {
+			http.Error(w, "bad charge", http.StatusBadRequest)
+			return
+		}
+		p.mu.Lock()
+		p.ledger[c.Order]++
+		p.mu.Unlock()
+		if p.hold.Load() {
+			select {
+			case p.held <- struct{}{}:
+			default:
+			}
+			<-p.release
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ch_%016x","order":%d,"status":"succeeded"}`, rand.Uint64(), c.Order)
+	})
+	p.Server = idemtest.NewServer(h,
+		idemtest.WithFaultRates(idemtest.FaultRates{
+			Seed:            rand.Uint64(),
+			DropBefore:      0.05,
+			DropAfter:       0.08, // charged, response lost
+			Delay:           0.03,
+			Unavailable:     0.06,
+			TooManyRequests: 0.05,
+			InProgress:      0.03,
+		}),
+		idemtest.WithRetryAfter(0),
+		idemtest.WithFaultDelay(50*time.Millisecond))
+	return p
+}
+
+func (p *provider) close() {
+	select {
+	case <-p.release:
+	default:
+		close(p.release)
+	}
+	p.Close()
+}
+
+// shopProc is a running shop process and its lines.
+type shopProc struct {
+	cmd   *exec.Cmd
+	lines chan string
+}
+
+func startShop(ctx context.Context, exe, journal, url string) (*shopProc, error) {
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(os.Environ(), envRole+"="+roleShop, envJournal+"="+journal, envURL+"="+url)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &shopProc{cmd: cmd, lines: make(chan string, 256)}
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+	}()
+	return s, nil
+}
+
+// run runs the demo with its journal in dir, writing progress and the
+// report to w. It returns an error if the demo could not run, or if an
+// order was charged twice or never.
+func run(w io.Writer, exe, dir string) (Report, error) {
+	rep := Report{Orders: orders, Journal: filepath.Join(dir, "journal.db")}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	p := newProvider()
+	defer p.close()
+	fmt.Fprintf(w, "A shop pays %d orders; the provider faults about 30%% of attempts.\n", orders)
+	fmt.Fprintf(w, "Journal: %s\n\n", rep.Journal)
+
+	paid := make(map[int]bool)
+	progress := func() {
+		if len(paid)%10 == 0 {
+			fmt.Fprintf(w, "  paid %3d/%d\n", len(paid), orders)
+		}
+	}
+	// events reads a shop's lines until it closes its output, calling
+	// stop (if set) after each; stop returning true ends the reading.
+	events := func(s *shopProc, stop func() bool) error {
+		for {
+			select {
+			case line, ok := <-s.lines:
+				if !ok {
+					return nil
+				}
+				f := strings.Fields(line)
+				switch {
+				case len(f) == 2 && f[0] == "todo":
+					fmt.Fprintf(w, "  the journal says %d orders are paid, %s to go\n", orders-atoi(f[1]), f[1])
+				case len(f) == 4 && f[0] == "resumed":
+					rep.Resumed++
+					how := "charged now"
+					if f[3] == "true" {
+						how = "already charged, answer replayed by the provider"
+					}
+					fmt.Fprintf(w, "  resumed %s with its original key: %s (%s)\n", orderName(atoi(f[1])), f[2], how)
+					if !paid[atoi(f[1])] && f[2][0] == '2' {
+						paid[atoi(f[1])] = true
+						progress()
+					}
+				case len(f) == 4 && f[0] == "paid":
+					if !paid[atoi(f[1])] {
+						paid[atoi(f[1])] = true
+						progress()
+					}
+				}
+				if stop != nil && stop() {
+					return nil
+				}
+			case <-ctx.Done():
+				return fmt.Errorf("shop: %w", ctx.Err())
+			}
+		}
+	}
+
+	// The first shop pays until the middle, then dies mid-payment.
+	fmt.Fprintln(w, "Shop starts (process 1) ...")
+	first, err := startShop(ctx, exe, rep.Journal, p.URL)
+	if err != nil {
+		return rep, err
+	}
+	if err := events(first, func() bool { return len(paid) >= killAfter }); err != nil {
+		first.cmd.Process.Kill()
+		first.cmd.Wait()
+		return rep, err
+	}
+	p.hold.Store(true)
+	select {
+	case <-p.held:
+		fmt.Fprintln(w, "  the provider has charged a card and holds the answer: the shop is killed (SIGKILL)")
+	case <-time.After(10 * time.Second):
+		fmt.Fprintln(w, "  (no payment reached the provider in 10s) the shop is killed (SIGKILL)")
+	}
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return rep, err
+	}
+	if err := events(first, nil); err != nil { // what it said before it died
+		return rep, err
+	}
+	werr := first.cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(werr, &exit) {
+		ws, ok := exit.Sys().(syscall.WaitStatus)
+		rep.Killed = ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+	}
+	fmt.Fprintf(w, "  shop exited: %v\n\n", werr)
+	p.hold.Store(false)
+	close(p.release)
+
+	fmt.Fprintln(w, "Shop restarts (process 2), resumes and pays the rest ...")
+	second, err := startShop(ctx, exe, rep.Journal, p.URL)
+	if err != nil {
+		return rep, err
+	}
+	if err := events(second, nil); err != nil {
+		second.cmd.Process.Kill()
+		second.cmd.Wait()
+		return rep, err
+	}
+	if err := second.cmd.Wait(); err != nil {
+		return rep, fmt.Errorf("restarted shop: %w", err)
+	}
+
+	st := p.Stats()
+	rep.Attempts, rep.Faults, rep.Conflicts, rep.Replays = st.Requests, st.Faults, st.Conflicts, st.Replays
+	p.mu.Lock()
+	for n := 1; n <= orders; n++ {
+		switch c := p.ledger[n]; {
+		case c == 0:
+			rep.Lost++
+		case c > 1:
+			rep.Duplicates++
+		}
+		if p.ledger[n] > 0 {
+			rep.Paid++
+		}
+	}
+	p.mu.Unlock()
+	rep.Duplicates = max(rep.Duplicates, st.DuplicateKeys())
+	rep.write(w)
+	if rep.Duplicates != 0 || rep.Lost != 0 {
+		return rep, fmt.Errorf("%d orders charged more than once, %d never charged", rep.Duplicates, rep.Lost)
+	}
+	return rep, nil
+}
+
+func (r Report) write(w io.Writer) {
+	fmt.Fprintln(w, "\nReport")
+	fmt.Fprintf(w, "  orders      %d, %d charged\n", r.Orders, r.Paid)
+	fmt.Fprintf(w, "  attempts    %d (%.2f per order)\n", r.Attempts, float64(r.Attempts)/float64(r.Orders))
+	retries, why := r.Conflicts, []string(nil)
+	for _, f := range []struct {
+		fault idemtest.Fault
+		what  string
+	}{
+		{idemtest.DropAfter, "lost responses (charged, answer dropped)"},
+		{idemtest.DropBefore, "connections dropped"},
+		{idemtest.Unavailable, "× 503"},
+		{idemtest.TooManyRequests, "× 429"},
+		{idemtest.InProgress, "× 409 in progress"},
+	} {
+		retries += r.Faults[f.fault]
+		why = append(why, fmt.Sprintf("%d %s", r.Faults[f.fault], f.what))
+	}
+	if r.Conflicts > 0 {
+		why = append(why, fmt.Sprintf("%d × 409 while the key was being charged", r.Conflicts))
+	}
+	fmt.Fprintf(w, "  retries     %d, after %s,\n              %s\n", retries, strings.Join(why[:2], ", "), strings.Join(why[2:], ", "))
+	fmt.Fprintf(w, "  slow        %d answers delayed, waited out\n", r.Faults[idemtest.Delay])
+	fmt.Fprintf(w, "  replays     %d (the provider answered a key it had already charged from its store)\n", r.Replays)
+	fmt.Fprintf(w, "  crash       %s\n", map[bool]string{true: "the shop was SIGKILLed mid-payment and restarted", false: "the shop was not killed"}[r.Killed])
+	fmt.Fprintf(w, "  resumed     %d (in flight at the crash, finished by Resume with their original keys)\n", r.Resumed)
+	fmt.Fprintf(w, "  duplicates  %d\n", r.Duplicates)
+	fmt.Fprintf(w, "  lost        %d\n", r.Lost)
+	fmt.Fprintf(w, "  journal     %s (kept for inspection; delete %s when done)\n", r.Journal, filepath.Dir(r.Journal))
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
