@@ -488,7 +488,7 @@ func WithLockTimeout(d time.Duration) Option { return func(c *config) { c.lockTi
 // WithResumePrepare sets a hook that prepares each resumed request before
 // it is sent, typically to add the credentials that were not journaled. If
 // it returns an error the operation stays pending and Resume reports the
-// error for it.
+// error for it. Resume calls it from several goroutines at once.
 func WithResumePrepare(fn func(*http.Request) error) Option {
 	return func(c *config) { c.prepare = fn }
 }

@@ -72,8 +72,11 @@ func leavePending(t *testing.T, c *idem.Client, rt *scriptRT, ctx context.Contex
 func TestResumeFinishesPending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{fail(errReset)}}
+		var mu sync.Mutex // the hook runs on Resume's workers, concurrently
 		var prepared []string
 		c, store := newTestClient(rt, idem.WithMaxAttempts(2), idem.WithResumePrepare(func(r *http.Request) error {
+			mu.Lock()
+			defer mu.Unlock()
 			prepared = append(prepared, r.Header.Get("Idempotency-Key"))
 			r.Header.Set("Authorization", "Bearer resumed")
 			return nil

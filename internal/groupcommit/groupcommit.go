@@ -3,8 +3,10 @@
 //
 // A Writer runs one goroutine. Each commit takes everything that was queued
 // while the previous commit ran (up to a cap), so a lone caller is committed
-// at once and a crowd shares fsyncs. There is no timer: nobody waits for a
-// group to fill.
+// at once and a crowd shares fsyncs. Nobody who waits for durability waits
+// for a group to fill. Functions queued with Go, whose callers do not wait,
+// ride the next commit that someone waits for; if none comes within
+// Options.AsyncDelay, they are committed on their own.
 //
 // The functions of a group run in queue order inside one transaction. If one
 // of them returns an error (or panics), the transaction is rolled back and
@@ -21,6 +23,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ErrClosed is returned by Do, Go and Sync after Close was called.
@@ -35,19 +38,29 @@ type Options struct {
 	// function queued by Go, or of the commit that carried it. Nil ignores
 	// such errors.
 	OnAsyncError func(error)
+	// AsyncDelay is how long functions queued by Go may wait for a Do or
+	// Sync to carry them into a commit before they are committed on their
+	// own. It saves an fsync per request for callers that follow every
+	// durable write with an asynchronous one. Zero means 20ms; a negative
+	// value commits them at once.
+	AsyncDelay time.Duration
 }
 
 // A Writer queues functions and runs them in group transactions. It is safe
 // for concurrent use. T is the transaction type (for bbolt, *bbolt.Tx).
 type Writer[T any] struct {
-	update   func(func(T) error) error
-	maxGroup int
-	onAsync  func(error)
+	update     func(func(T) error) error
+	maxGroup   int
+	onAsync    func(error)
+	asyncDelay time.Duration
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when queue grows or closed is set
 	queue   []*item[T]
 	closed  bool
+	urgent  int           // queued Do functions plus Sync callers waiting
+	due     bool          // the async delay of the queued Go functions is over
+	timer   *time.Timer   // runs out the async delay; nil when not running
 	enq     uint64        // functions ever queued
 	done    uint64        // functions ever finished, in queue order
 	flushed chan struct{} // closed and replaced after every group
@@ -75,14 +88,18 @@ var errRerun = errors.New("groupcommit: rerun group")
 // Close stops it.
 func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 	w := &Writer[T]{
-		update:   update,
-		maxGroup: o.MaxGroup,
-		onAsync:  o.OnAsyncError,
-		flushed:  make(chan struct{}),
-		exited:   make(chan struct{}),
+		update:     update,
+		maxGroup:   o.MaxGroup,
+		onAsync:    o.OnAsyncError,
+		asyncDelay: o.AsyncDelay,
+		flushed:    make(chan struct{}),
+		exited:     make(chan struct{}),
 	}
 	if w.maxGroup <= 0 {
 		w.maxGroup = 1024
+	}
+	if w.asyncDelay == 0 {
+		w.asyncDelay = 20 * time.Millisecond
 	}
 	w.cond = sync.NewCond(&w.mu)
 	go w.loop()
@@ -128,6 +145,15 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 		return ErrClosed
 	}
 	target := w.enq
+	if w.done < target {
+		w.urgent++
+		w.cond.Signal()
+		defer func() {
+			w.mu.Lock()
+			w.urgent--
+			w.mu.Unlock()
+		}()
+	}
 	for w.done < target {
 		ch := w.flushed
 		w.mu.Unlock()
@@ -166,9 +192,10 @@ func (w *Writer[T]) push(it *item[T]) error {
 	}
 	w.queue = append(w.queue, it)
 	w.enq++
-	if len(w.queue) == 1 {
-		w.cond.Signal()
+	if it.res != nil {
+		w.urgent++
 	}
+	w.cond.Signal()
 	return nil
 }
 
@@ -177,14 +204,24 @@ func (w *Writer[T]) loop() {
 	var group []*item[T]
 	for {
 		w.mu.Lock()
-		for len(w.queue) == 0 && !w.closed {
+		for !w.ready() {
 			w.cond.Wait()
 		}
 		if len(w.queue) == 0 {
 			w.mu.Unlock()
 			return
 		}
+		if w.timer != nil {
+			w.timer.Stop()
+			w.timer = nil
+		}
+		w.due = false
 		n := min(len(w.queue), w.maxGroup)
+		for _, it := range w.queue[:n] {
+			if it.res != nil {
+				w.urgent--
+			}
+		}
 		group = append(group[:0], w.queue[:n]...)
 		clear(w.queue[:n])
 		w.queue = w.queue[n:]
@@ -202,6 +239,27 @@ func (w *Writer[T]) loop() {
 		w.flushed = make(chan struct{})
 		w.mu.Unlock()
 	}
+}
+
+// ready reports whether the loop should commit now (or, with an empty
+// queue, exit). While only Go functions are queued it starts the async
+// delay's timer. w.mu is held.
+func (w *Writer[T]) ready() bool {
+	switch {
+	case len(w.queue) == 0:
+		return w.closed
+	case w.closed, w.urgent > 0, w.due, w.asyncDelay < 0, len(w.queue) >= w.maxGroup:
+		return true
+	}
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.asyncDelay, func() {
+			w.mu.Lock()
+			w.due = true
+			w.cond.Signal()
+			w.mu.Unlock()
+		})
+	}
+	return false
 }
 
 // run commits one group, rerunning it without any function that fails.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -329,5 +330,66 @@ func TestSyncWaitsForAsync(t *testing.T) {
 	defer db.mu.Unlock()
 	if db.data["a"] != 1 || db.data["b"] != 1 {
 		t.Fatalf("after Sync: %v", db.data)
+	}
+}
+
+// TestAsyncRidesNextDurableCommit checks that functions queued with Go
+// wait for the next Do and share its commit, and that without one they are
+// committed on their own once the async delay is over.
+func TestAsyncRidesNextDurableCommit(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{AsyncDelay: time.Hour})
+	defer w.Close()
+	if err := w.Go(put("finish-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Go(put("finish-2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Do(context.Background(), put("reserve-3")); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	groups := slices.Clone(db.groups)
+	db.mu.Unlock()
+	want := [][]string{{"finish-1", "finish-2", "reserve-3"}}
+	if fmt.Sprint(groups) != fmt.Sprint(want) {
+		t.Fatalf("groups = %v, want %v (one commit)", groups, want)
+	}
+
+	// Sync carries queued Go functions too.
+	if err := w.Go(put("finish-4")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	n := db.data["finish-4"]
+	db.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("finish-4 committed %d times after Sync, want 1", n)
+	}
+}
+
+func TestAsyncCommittedAfterDelay(t *testing.T) {
+	db := newFakeDB()
+	w := New(db.update, Options{AsyncDelay: time.Millisecond})
+	defer w.Close()
+	if err := w.Go(put("finish")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		db.mu.Lock()
+		n := db.data["finish"]
+		db.mu.Unlock()
+		if n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a lone Go function was never committed")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
