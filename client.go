@@ -347,6 +347,7 @@ type config struct {
 	resumeWorkers int
 	resumeEvery   time.Duration
 	resumeFn      func(Operation, *http.Response, error)
+	budget        *retryBudget
 	owner         string
 }
 
@@ -508,4 +509,17 @@ func WithResumeConcurrency(n int) Option {
 // (nil: log it and close the body). Close stops it.
 func WithBackgroundResume(every time.Duration, fn func(op Operation, resp *http.Response, err error)) Option {
 	return func(c *config) { c.resumeEvery, c.resumeFn = every, fn }
+}
+
+// WithRetryBudget bounds retries per host: every request adds ratio tokens
+// to the host's bucket, up to burst, and every retry takes one; with no
+// token left the call stops retrying (ErrRetryBudget, or the last response
+// as it is). With ratio 0.2, retries add at most about 20% to the request
+// rate during an outage instead of multiplying it. The default is no budget.
+func WithRetryBudget(ratio float64, burst int) Option {
+	return func(c *config) {
+		if ratio > 0 && burst > 0 {
+			c.budget = newRetryBudget(ratio, burst)
+		}
+	}
 }

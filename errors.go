@@ -49,6 +49,9 @@ var (
 	ErrDeadline = errors.New("idem: next retry would outlast the context deadline")
 	// ErrRetryTimeout is returned when the policy's total time is used up.
 	ErrRetryTimeout = errors.New("idem: retry time limit reached")
+	// ErrRetryBudget is returned when the host's retry budget (see
+	// WithRetryBudget) has no token left for another retry.
+	ErrRetryBudget = errors.New("idem: retry budget for the host exhausted")
 	// ErrNotRetryable is returned when an attempt failed without a response
 	// in a way that retrying cannot fix (for example a TLS verification error),
 	// or when the failure of a request without a key may have reached the server.

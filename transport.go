@@ -377,6 +377,7 @@ func (t *Transport) attempts(ctx context.Context, c call) (*http.Response, error
 	bo := lazyBackOff{p: p}
 	start := time.Now()
 	mayHaveSent := false
+	t.cfg.budget.deposit(c.req.URL.Host)
 	for attempt := 1; ; attempt++ {
 		req := c.req
 		if attempt == 1 && c.op != nil {
@@ -425,7 +426,7 @@ func (t *Transport) attempts(ctx context.Context, c call) (*http.Response, error
 			return nil, t.stop(c, attempt, 1, 0, mayHaveSent, cause, err)
 		}
 
-		wait, why := t.nextWait(ctx, &bo, attempt, start, resp)
+		wait, why := t.nextWait(ctx, &bo, c.req.URL.Host, attempt, start, resp)
 		if why != nil {
 			if resp != nil {
 				t.log().LogAttrs(ctx, slog.LevelInfo, "idem: giving up, returning last response",
@@ -476,8 +477,9 @@ func (c call) key() string {
 
 // nextWait returns how long to wait before the next attempt, or why there
 // is none: attempts used up, total time used up, or the caller's deadline
-// would pass during the wait (then we stop now rather than oversleep).
-func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, attempt int, start time.Time, resp *http.Response) (time.Duration, error) {
+// would pass during the wait (then we stop now rather than oversleep), or
+// the host's retry budget is spent.
+func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, host string, attempt int, start time.Time, resp *http.Response) (time.Duration, error) {
 	p := t.cfg.policy
 	if attempt >= p.MaxAttempts {
 		return 0, ErrAttemptsExhausted
@@ -494,6 +496,9 @@ func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, attempt int, 
 	}
 	if dl, ok := ctx.Deadline(); ok && now.Add(wait).After(dl) {
 		return 0, ErrDeadline
+	}
+	if !t.cfg.budget.withdraw(host) {
+		return 0, ErrRetryBudget
 	}
 	return wait, nil
 }

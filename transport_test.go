@@ -564,3 +564,28 @@ func TestConcurrentSameKeyInProgress(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestRetryBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{resp(503)}}
+		c, _ := newTestClient(rt, idem.WithRetryBudget(0.25, 2))
+		defer c.Close()
+		attemptsOf := func(url string) int {
+			n := len(rt.sent)
+			req, err := http.NewRequest(http.MethodPost, url, strings.NewReader("{}"))
+			require.NoError(t, err)
+			r, err := c.HTTPClient().Do(req)
+			require.NoError(t, err)
+			r.Body.Close()
+			assert.Equal(t, 503, r.StatusCode, "the last response is returned as it is")
+			return len(rt.sent) - n
+		}
+		// A host starts with a full bucket of 2 retries; each call adds 0.25.
+		var got []int
+		for range 5 {
+			got = append(got, attemptsOf("https://a.example/pay"))
+		}
+		assert.Equal(t, []int{3, 1, 1, 1, 2}, got)
+		assert.Equal(t, 3, attemptsOf("https://b.example/pay"), "each host has its own budget")
+	})
+}
