@@ -57,19 +57,25 @@ func shop(journal, url string) error {
 		return err
 	}
 	defer client.Close()
-	ctx := idem.WithOperation(context.Background(), operation)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/charges", strings.NewReader(`{"order":42,"amount":4200}`))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer sk_test_shop")
-	resp, err := client.HTTPClient().Do(req)
+	resp, err := pay(client, url)
 	if err != nil {
 		return err
 	}
 	resp.Body.Close()
 	return errors.New("the shop was not killed")
+}
+
+// pay sends the payment for order 42 as the named operation, with the
+// shop's credentials.
+func pay(client *idem.Client, url string) (*http.Response, error) {
+	ctx := idem.WithOperation(context.Background(), operation)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/charges", strings.NewReader(`{"order":42,"amount":4200}`))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk_test_shop")
+	return client.HTTPClient().Do(req)
 }
 
 func run() error {
@@ -149,14 +155,7 @@ func run() error {
 	}
 
 	fmt.Println("4. the shop re-drives", operation, "by name: same key, replayed")
-	ctx := idem.WithOperation(context.Background(), operation)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider.URL+"/v1/charges", strings.NewReader(`{"order":42,"amount":4200}`))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer sk_test_shop")
-	resp, err := client.HTTPClient().Do(req)
+	resp, err := pay(client, provider.URL)
 	if err != nil {
 		return err
 	}
