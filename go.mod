@@ -3,12 +3,15 @@ module github.com/idemgo/idem
 go 1.25.0
 
 require (
-	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
-	github.com/stretchr/testify v1.12.1 // indirect
-	github.com/stripe/stripe-go/v82 v82.5.1 // indirect
-	go.etcd.io/bbolt v1.5.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
+	github.com/cenkalti/backoff/v4 v4.3.0
+	github.com/google/uuid v1.6.0
+	github.com/stretchr/testify v1.12.1
+	github.com/stripe/stripe-go/v82 v82.5.1
+	go.etcd.io/bbolt v1.5.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.45.0 // indirect
 )
