@@ -310,3 +310,26 @@ func TestResumePrepareError(t *testing.T) {
 		assert.True(t, strings.HasPrefix(op.URL, "https://pay.example/"))
 	})
 }
+
+// TestSweepWithoutResume checks that a process that never calls Resume
+// still forgets finished operations once their retention has passed.
+func TestSweepWithoutResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{resp(201)}}
+		c, store := newTestClient(rt, idem.WithRetention(30*time.Minute))
+		defer c.Close()
+		r, err := post(t, context.Background(), c.HTTPClient(), `{"n":1}`)
+		require.NoError(t, err)
+		r.Body.Close()
+		old := rt.sent[0].key
+		time.Sleep(2 * time.Hour)
+		r, err = post(t, context.Background(), c.HTTPClient(), `{"n":2}`)
+		require.NoError(t, err)
+		r.Body.Close()
+		synctest.Wait() // the sweep runs in the background
+		_, err = store.Get(context.Background(), old)
+		require.ErrorIs(t, err, idem.ErrNotFound, "swept after its retention")
+		_, err = store.Get(context.Background(), rt.sent[1].key)
+		require.NoError(t, err, "the fresh one stays")
+	})
+}

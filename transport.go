@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -60,6 +61,9 @@ type Transport struct {
 	cfg   config
 
 	flight inflight
+
+	// lastSweep is when finished records were last swept (Unix ns).
+	lastSweep atomic.Int64
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -73,6 +77,7 @@ func (t *Transport) init() {
 		if t.cfg.header == "" {
 			t.cfg = newConfig(nil)
 		}
+		t.lastSweep.Store(time.Now().UnixNano())
 	})
 }
 
@@ -558,6 +563,33 @@ func (t *Transport) finish(c call, v verdict, status int, errText string, unreco
 	if err := t.store.Finish(context.Background(), c.op.Key, out); err != nil {
 		t.log().Warn("idem: finishing operation", "key", c.op.Key, "err", err)
 	}
+	t.maybeSweep()
+}
+
+// sweepEvery is how often a busy Transport sweeps finished records whose
+// retention has passed, so that a journal (above all a MemoryStore) does
+// not grow without bound in a process that never calls Resume.
+const sweepEvery = time.Hour
+
+// maybeSweep starts a sweep in the background if the last one was more
+// than sweepEvery ago. One finishing request in an hour pays for starting
+// a goroutine; none waits for the sweep.
+func (t *Transport) maybeSweep() {
+	last := t.lastSweep.Load()
+	now := time.Now()
+	if now.Sub(time.Unix(0, last)) < sweepEvery || !t.lastSweep.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	go func() {
+		n, err := t.store.Sweep(context.Background(), now.Add(-t.cfg.retention))
+		switch {
+		case errors.Is(err, ErrClosed):
+		case err != nil:
+			t.log().Warn("idem: sweeping finished operations", "err", err)
+		default:
+			t.log().Debug("idem: swept finished operations", "count", n)
+		}
+	}()
 }
 
 // roundTripUnkeyed sends a request that carries no key: an idempotent
