@@ -112,7 +112,9 @@ type KeyStore interface {
 	// If op.Name is not empty and a record with that name exists, that record
 	// is the existing one; otherwise a record with op.Key is. Reserve returns
 	// the record now in the journal and whether this call created it. An
-	// existing record is returned unchanged.
+	// existing record is returned unchanged. A store may keep op.Header and
+	// op.Body, and the record returned for a created operation may share
+	// them: the caller must change neither afterwards.
 	Reserve(ctx context.Context, op Operation) (rec Operation, created bool, err error)
 
 	// Reopen marks the finished record for key pending again, with the

@@ -77,12 +77,12 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if op.State == 0 {
 		op.State = StatePending
 	}
-	rec := copyOp(&op)
+	rec := op // shares op.Header and op.Body, as Reserve's contract allows
 	m.ops[op.Key] = &rec
 	if op.Name != "" {
 		m.names[op.Name] = op.Key
 	}
-	return op, true, nil // the caller's own op: the store keeps a copy
+	return op, true, nil
 }
 
 // Reopen implements KeyStore.
