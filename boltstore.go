@@ -243,10 +243,9 @@ func (s *BoltStore) init() error {
 	})
 }
 
-// update runs fn in one durable bbolt transaction. A fault or panic inside
-// bbolt (a damaged page) becomes ErrJournalCorrupt; a failed commit
-// becomes ErrJournalWrite.
-func (s *BoltStore) update(fn func(*bolt.Tx) error) (err error) {
+// guarded runs f with a fault or panic inside bbolt (a damaged page)
+// turned into ErrJournalCorrupt; after one, the store refuses all access.
+func (s *BoltStore) guarded(f func() error) (err error) {
 	if s.broken.Load() {
 		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
 	}
@@ -257,34 +256,34 @@ func (s *BoltStore) update(fn func(*bolt.Tx) error) (err error) {
 			err = fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
 		}
 	}()
-	var fnErr error
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		fnErr = fn(tx)
-		return fnErr
-	})
-	if err != nil && fnErr == nil {
-		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-	}
-	return err
+	return f()
 }
 
-// view runs fn in a read transaction, with the same protection as update.
-func (s *BoltStore) view(fn func(*bolt.Tx) error) (err error) {
-	if s.broken.Load() {
-		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			s.broken.Store(true)
-			err = fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
+// update runs fn in one durable bbolt transaction, guarded; a failed
+// commit becomes ErrJournalWrite.
+func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
+	return s.guarded(func() error {
+		var fnErr error
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			fnErr = fn(tx)
+			return fnErr
+		})
+		if err != nil && fnErr == nil {
+			return fmt.Errorf("%w: %w", ErrJournalWrite, err)
 		}
-	}()
-	err = s.db.View(fn)
-	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-		return ErrClosed
-	}
-	return err
+		return err
+	})
+}
+
+// view runs fn in a read transaction, guarded.
+func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
+	return s.guarded(func() error {
+		err := s.db.View(fn)
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return ErrClosed
+		}
+		return err
+	})
 }
 
 // write commits fn durably, in a group with other writers.
