@@ -101,6 +101,7 @@ const (
 	permanent
 )
 
+// String returns the verdict's name, for logs.
 func (v verdict) String() string {
 	switch v {
 	case success:

@@ -405,8 +405,10 @@ type recorder struct {
 	body   bytes.Buffer
 }
 
+// Header implements http.ResponseWriter.
 func (rec *recorder) Header() http.Header { return rec.header }
 
+// WriteHeader implements http.ResponseWriter.
 func (rec *recorder) WriteHeader(status int) {
 	if rec.status == 0 && status >= 200 { // informational answers are not kept
 		rec.status = status
@@ -414,6 +416,7 @@ func (rec *recorder) WriteHeader(status int) {
 	}
 }
 
+// Write implements http.ResponseWriter.
 func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
