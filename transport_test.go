@@ -589,3 +589,44 @@ func TestRetryBudget(t *testing.T) {
 		assert.Equal(t, 3, attemptsOf("https://b.example/pay"), "each host has its own budget")
 	})
 }
+
+func TestClosedClientSendsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{resp(200)}}
+		c, _ := newTestClient(rt)
+		require.NoError(t, c.Close())
+		_, err := post(t, context.Background(), c.HTTPClient(), "{}")
+		require.ErrorIs(t, err, idem.ErrClosed)
+		assert.Empty(t, rt.sent, "a request whose key cannot be journaled is not sent")
+	})
+}
+
+func TestCustomHeaderAndMethods(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var got []http.Header
+		rt := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			got = append(got, r.Header.Clone())
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
+		})
+		c, store := newTestClient(rt, idem.WithHeader("paypal-request-id"), idem.WithKeyedMethods("POST", "PUT"))
+		defer c.Close()
+		for _, m := range []string{http.MethodPut, http.MethodPatch} {
+			req, err := http.NewRequest(m, "https://api.paypal.example/v2/orders", strings.NewReader("{}"))
+			require.NoError(t, err)
+			r, err := c.HTTPClient().Do(req)
+			require.NoError(t, err)
+			r.Body.Close()
+		}
+		require.Len(t, got, 2)
+		key := got[0].Get("PayPal-Request-Id")
+		assert.NotEmpty(t, key, "PUT is keyed, under the configured header")
+		assert.Empty(t, got[0].Get("Idempotency-Key"))
+		assert.Empty(t, got[1].Get("PayPal-Request-Id"), "PATCH is no longer keyed")
+		op, err := store.Get(context.Background(), key)
+		require.NoError(t, err)
+		assert.Equal(t, http.MethodPut, op.Method)
+	})
+}
