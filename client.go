@@ -56,7 +56,7 @@ func New(store KeyStore, opts ...Option) *Client {
 func newClient(store KeyStore, cfg config) *Client {
 	t := &Transport{store: store, cfg: cfg}
 	t.init()
-	c := &Client{store: store, transport: t, http: &http.Client{Transport: t}, cfg: cfg}
+	c := &Client{store: store, transport: t, http: &http.Client{Transport: t, CheckRedirect: t.checkRedirect}, cfg: cfg}
 	if cfg.resumeEvery > 0 {
 		c.stop, c.done = make(chan struct{}), make(chan struct{})
 		go c.resumeLoop()
@@ -65,8 +65,12 @@ func newClient(store KeyStore, cfg config) *Client {
 }
 
 // HTTPClient returns an *http.Client whose Transport is the Client's
-// Transport. It follows redirects and has no timeout, like the zero
-// http.Client; set a deadline on each request's context instead.
+// Transport. It has no timeout, like the zero http.Client; set a deadline on
+// each request's context instead. It follows redirects like the zero
+// http.Client, except one that would re-send a keyed request (a 307 or 308
+// answer to a POST): that response is returned to the caller, because
+// sending the payload to another URL is a new operation the caller must
+// decide on. A 303 (or 301, 302) after a POST is followed with a GET.
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
 // Transport returns the Client's http.RoundTripper, for SDKs that take a

@@ -125,6 +125,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.send(ctx, &op, out)
 }
 
+// checkRedirect is the redirect policy of Client.HTTPClient: it does not
+// re-send a keyed request to another URL, and otherwise stops after 10
+// redirects as http.Client does by default.
+func (t *Transport) checkRedirect(req *http.Request, via []*http.Request) error {
+	if t.cfg.keyed[req.Method] && !withoutKey(req.Context()) {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
+}
+
 // chooseKey returns the key and operation name for a keyed request. For a
 // named operation the key is a fresh candidate: the journal returns the
 // name's existing key if it has one.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -94,4 +95,49 @@ func TestOverLoopbackDeadline(t *testing.T) {
 	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, idem.StatePending, ie.State)
 	assert.Equal(t, 2, ie.Attempts)
+}
+
+// TestRedirects checks that a redirect which would re-send a keyed POST is
+// returned to the caller, and that POST-redirect-GET is followed.
+func TestRedirects(t *testing.T) {
+	var posts, gets atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /pay-307", func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+	})
+	mux.HandleFunc("POST /pay-303", func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		http.Redirect(w, r, "/receipt", http.StatusSeeOther)
+	})
+	mux.HandleFunc("GET /receipt", func(w http.ResponseWriter, r *http.Request) {
+		gets.Add(1)
+		fmt.Fprint(w, "receipt")
+	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("%s /elsewhere: a keyed POST was re-sent to another URL", r.Method)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := idem.New(idem.NewMemoryStore())
+	defer c.Close()
+	ctx := idem.WithOperation(context.Background(), "pay:redirected")
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay-307", strings.NewReader("{}"))
+	require.NoError(t, err)
+	resp, err := c.HTTPClient().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTemporaryRedirect, resp.StatusCode)
+	assert.Equal(t, "/elsewhere", resp.Header.Get("Location"))
+
+	req, err = http.NewRequest(http.MethodPost, srv.URL+"/pay-303", strings.NewReader("{}"))
+	require.NoError(t, err)
+	resp, err = c.HTTPClient().Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "receipt", string(body))
+	assert.Equal(t, int64(2), posts.Load())
+	assert.Equal(t, int64(1), gets.Load())
 }
