@@ -543,8 +543,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if !created {
 		return existing, false, nil
 	}
-	op.Header = op.Header.Clone()
-	op.Body = body
+	op.Body = body // op.Header is shared with the caller, as Reserve's contract allows
 	op.Created, op.Updated = fromNanos(rec.Created), fromNanos(rec.Updated)
 	return op, true, nil
 }
