@@ -49,7 +49,7 @@ type BoltOptions struct {
 // Defaults of BoltOptions.
 const (
 	defaultLockTimeout = 2 * time.Second
-	defaultRetention   = 7 * 24 * time.Hour
+	defaultRetention   = DefaultRetention
 	defaultMaxGroup    = 1024
 	sweepChunk         = 1000
 )
@@ -459,13 +459,6 @@ func put(b buckets, old, rec *codec.Record) error {
 	return nil
 }
 
-func checkKey(key string) error {
-	if key == "" || len(key) > 255 {
-		return fmt.Errorf("%w: %q", ErrInvalidKey, key)
-	}
-	return nil
-}
-
 // Reserve implements KeyStore. It returns once the new record is durable.
 func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool, error) {
 	if err := s.check(ctx); err != nil {
@@ -474,14 +467,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := checkKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
-	now := s.now()
-	if op.Created.IsZero() {
-		op.Created = now
-	}
-	op.Updated = now
-	if op.State == 0 {
-		op.State = StatePending
-	}
+	newRecord(&op, s.now())
 	rec := toRecord(&op)
 	enc := codec.Encode(&rec)
 	key := []byte(op.Key)
@@ -594,12 +580,33 @@ func (s *BoltStore) Reopen(ctx context.Context, key string, header http.Header, 
 
 // Get implements KeyStore.
 func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
+	return s.read(ctx, "get", func(buckets) (string, error) { return key, nil })
+}
+
+// Named implements KeyStore.
+func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
+	return s.read(ctx, "named", func(b buckets) (string, error) {
+		k := b.names.Get([]byte(name))
+		if k == nil {
+			return "", fmt.Errorf("operation %q: %w", name, ErrNotFound)
+		}
+		return string(k), nil
+	})
+}
+
+// read waits for queued changes to commit, then loads the record whose key
+// keyOf finds, with its body.
+func (s *BoltStore) read(ctx context.Context, what string, keyOf func(buckets) (string, error)) (Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return Operation{}, err
 	}
 	var op Operation
 	err := s.view(func(tx *bolt.Tx) error {
 		b, err := bucketsOf(tx)
+		if err != nil {
+			return err
+		}
+		key, err := keyOf(b)
 		if err != nil {
 			return err
 		}
@@ -607,31 +614,7 @@ func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
 		return err
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("get: %w", err)
-	}
-	return op, nil
-}
-
-// Named implements KeyStore.
-func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
-	if err := s.settle(ctx); err != nil {
-		return Operation{}, err
-	}
-	var op Operation
-	err := s.view(func(tx *bolt.Tx) error {
-		b, err := bucketsOf(tx)
-		if err != nil {
-			return err
-		}
-		k := b.names.Get([]byte(name))
-		if k == nil {
-			return fmt.Errorf("operation %q: %w", name, ErrNotFound)
-		}
-		op, err = loadOp(b, string(k))
-		return err
-	})
-	if err != nil {
-		return Operation{}, fmt.Errorf("named: %w", err)
+		return Operation{}, fmt.Errorf("%s: %w", what, err)
 	}
 	return op, nil
 }

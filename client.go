@@ -21,7 +21,6 @@ type Client struct {
 	store     KeyStore
 	transport *Transport
 	http      *http.Client
-	cfg       config
 
 	resumeMu sync.Mutex // one Resume at a time
 
@@ -56,7 +55,7 @@ func New(store KeyStore, opts ...Option) *Client {
 func newClient(store KeyStore, cfg config) *Client {
 	t := &Transport{store: store, cfg: cfg}
 	t.init()
-	c := &Client{store: store, transport: t, http: &http.Client{Transport: t, CheckRedirect: t.checkRedirect}, cfg: cfg}
+	c := &Client{store: store, transport: t, http: &http.Client{Transport: t, CheckRedirect: t.checkRedirect}}
 	if cfg.resumeEvery > 0 {
 		c.stop, c.done = make(chan struct{}), make(chan struct{})
 		go c.resumeLoop()
@@ -123,16 +122,11 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	if fn == nil {
 		fn = c.logOutcome
 	}
-	if c.cfg.retention > 0 {
-		if _, err := c.store.Sweep(ctx, time.Now().Add(-c.cfg.retention)); err != nil {
-			return fmt.Errorf("idem: resume: sweeping finished operations: %w", err)
-		}
-	}
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
 		panics []error
-		sem    = make(chan struct{}, c.cfg.resumeWorkers)
+		sem    = make(chan struct{}, c.transport.cfg.resumeWorkers)
 		after  string
 		cutoff = time.Now().Add(-minAge)
 	)
@@ -198,7 +192,7 @@ func (c *Client) resumeOne(ctx context.Context, op Operation, mark quietMark, fn
 		rec.State = state
 		fn(rec, nil, &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err})
 	}
-	if time.Since(rec.Created) >= c.cfg.resendWindow {
+	if time.Since(rec.Created) >= c.transport.cfg.resendWindow {
 		failed(StateExpired, ErrExpired, nil)
 		return nil
 	}
@@ -211,9 +205,9 @@ func (c *Client) resumeOne(ctx context.Context, op Operation, mark quietMark, fn
 	if req.Header == nil {
 		req.Header = make(http.Header)
 	}
-	req.Header.Set(c.cfg.header, rec.Key)
-	if c.cfg.prepare != nil {
-		if err := c.cfg.prepare(req); err != nil {
+	req.Header.Set(c.transport.cfg.header, rec.Key)
+	if c.transport.cfg.prepare != nil {
+		if err := c.transport.cfg.prepare(req); err != nil {
 			failed(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
 			return nil
 		}
@@ -240,8 +234,10 @@ func (c *Client) deliver(rec Operation, resp *http.Response, err error, fn func(
 		}
 	}()
 	if resp != nil {
+		// The transport returns a response only as the final outcome: 2xx and
+		// 3xx are success, anything else failed (see Transport.finish).
 		rec.State, rec.LastStatus = StateSucceeded, resp.StatusCode
-		if v, _ := classifyResponse(resp); v != success {
+		if resp.StatusCode >= 400 {
 			rec.State = StateFailed
 		}
 	} else {
@@ -259,10 +255,10 @@ func (c *Client) deliver(rec Operation, resp *http.Response, err error, fn func(
 func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 	if resp != nil {
 		resp.Body.Close()
-		c.cfg.logger.Info("idem: resumed operation", "key", op.Key, "name", op.Name, "status", resp.StatusCode)
+		c.transport.cfg.logger.Info("idem: resumed operation", "key", op.Key, "name", op.Name, "status", resp.StatusCode)
 		return
 	}
-	c.cfg.logger.Warn("idem: resumed operation failed", "key", op.Key, "name", op.Name, "err", err)
+	c.transport.cfg.logger.Warn("idem: resumed operation failed", "key", op.Key, "name", op.Name, "err", err)
 }
 
 // resumeLoop is the background resumer: every interval it resumes the
@@ -278,15 +274,15 @@ func (c *Client) resumeLoop() {
 		case <-ctx.Done():
 		}
 	}()
-	tick := time.NewTicker(c.cfg.resumeEvery)
+	tick := time.NewTicker(c.transport.cfg.resumeEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-tick.C:
-			if err := c.resume(ctx, c.cfg.resumeEvery, c.cfg.resumeFn); err != nil && ctx.Err() == nil {
-				c.cfg.logger.Warn("idem: background resume", "err", err)
+			if err := c.resume(ctx, c.transport.cfg.resumeEvery, c.transport.cfg.resumeFn); err != nil && ctx.Err() == nil {
+				c.transport.cfg.logger.Warn("idem: background resume", "err", err)
 			}
 		}
 	}

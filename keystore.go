@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -147,4 +148,24 @@ type KeyStore interface {
 
 	// Close makes every change durable and releases the journal.
 	Close() error
+}
+
+// checkKey is the key check both stores make in Reserve.
+func checkKey(key string) error {
+	if key == "" || len(key) > maxKeyLen {
+		return fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// newRecord fills in what Reserve sets on a new record: its times and, if
+// unset, the pending state. Both stores use it.
+func newRecord(op *Operation, now time.Time) {
+	if op.Created.IsZero() {
+		op.Created = now
+	}
+	op.Updated = now
+	if op.State == 0 {
+		op.State = StatePending
+	}
 }

@@ -58,8 +58,8 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if err := m.check(ctx); err != nil {
 		return Operation{}, false, err
 	}
-	if op.Key == "" || len(op.Key) > 255 {
-		return Operation{}, false, fmt.Errorf("%w: %q", ErrInvalidKey, op.Key)
+	if err := checkKey(op.Key); err != nil {
+		return Operation{}, false, err
 	}
 	if op.Name != "" {
 		if key, ok := m.names[op.Name]; ok {
@@ -69,14 +69,7 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if ex, ok := m.ops[op.Key]; ok {
 		return copyOp(ex), false, nil
 	}
-	now := m.now()
-	if op.Created.IsZero() {
-		op.Created = now
-	}
-	op.Updated = now
-	if op.State == 0 {
-		op.State = StatePending
-	}
+	newRecord(&op, m.now())
 	rec := op // shares op.Header and op.Body, as Reserve's contract allows
 	m.ops[op.Key] = &rec
 	if op.Name != "" {

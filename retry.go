@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,19 +100,6 @@ const (
 	permanent
 )
 
-// String returns the verdict's name, for logs.
-func (v verdict) String() string {
-	switch v {
-	case success:
-		return "success"
-	case transient:
-		return "transient"
-	case permanent:
-		return "permanent"
-	}
-	return "unknown"
-}
-
 // classifyResponse returns the verdict for a response and the reason, for
 // logs. A 409 is read to tell "in progress" (transient) from "key already
 // used" (permanent); its body stays readable for the caller.
@@ -172,7 +158,6 @@ func conflictIsKeyReuse(resp *http.Response) bool {
 // (it is false only when the error proves the connection was never made).
 func classifyError(err error) (v verdict, reason string, sent bool) {
 	var (
-		urlErr   *url.Error
 		certErr  *tls.CertificateVerificationError
 		unknownA x509.UnknownAuthorityError
 		hostErr  x509.HostnameError
@@ -198,9 +183,6 @@ func classifyError(err error) (v verdict, reason string, sent bool) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return transient, "timeout", true
-	}
-	if errors.As(err, &urlErr) && strings.Contains(urlErr.Err.Error(), "unsupported protocol scheme") {
-		return permanent, "unsupported protocol scheme", false
 	}
 	return transient, "network error", true
 }

@@ -174,7 +174,7 @@ func TestWireTable(t *testing.T) {
 		{"503 until attempts run out", []step{resp(503)}, 4, 503, nil, idem.StateFailed, 0},
 		{"501", []step{resp(501), resp(200)}, 1, 501, nil, idem.StateFailed, 0},
 		{"505", []step{resp(505), resp(200)}, 1, 505, nil, idem.StateFailed, 0},
-		{"TLS verification", []step{fail(&url_Error{x509.UnknownAuthorityError{}}), resp(200)}, 1, 0, idem.ErrNotRetryable, idem.StateFailed, 0},
+		{"TLS verification", []step{fail(&wrappedErr{x509.UnknownAuthorityError{}}), resp(200)}, 1, 0, idem.ErrNotRetryable, idem.StateFailed, 0},
 		{"network error until attempts run out", []step{fail(errReset)}, 4, 0, idem.ErrAttemptsExhausted, idem.StatePending, 0},
 		{"refused until attempts run out", []step{fail(errRefused)}, 4, 0, idem.ErrAttemptsExhausted, idem.StateFailed, 0},
 	}
@@ -227,12 +227,12 @@ func TestWireTable(t *testing.T) {
 	}
 }
 
-// url_Error wraps an error the way net/http's transport does not, so that
-// the classifier is shown to look through wrapping.
-type url_Error struct{ err error }
+// wrappedErr wraps an error in a type of its own, so that the classifier
+// is shown to look through wrapping.
+type wrappedErr struct{ err error }
 
-func (e *url_Error) Error() string { return "wrapped: " + e.err.Error() }
-func (e *url_Error) Unwrap() error { return e.err }
+func (e *wrappedErr) Error() string { return "wrapped: " + e.err.Error() }
+func (e *wrappedErr) Unwrap() error { return e.err }
 
 func TestCallerRequestUnmodified(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -61,6 +61,7 @@ type Writer[T any] struct {
 	urgent  int           // queued Do functions plus Sync callers waiting
 	due     bool          // the async delay of the queued Go functions is over
 	timer   *time.Timer   // runs out the async delay; nil when not running
+	timerN  uint64        // counts timers started or stopped; a stale one is ignored
 	enq     uint64        // functions ever queued
 	done    uint64        // functions ever finished, in queue order
 	flushed chan struct{} // closed and replaced after every group
@@ -214,6 +215,7 @@ func (w *Writer[T]) loop() {
 		if w.timer != nil {
 			w.timer.Stop()
 			w.timer = nil
+			w.timerN++ // a timer firing late must not mark the next wait due
 		}
 		w.due = false
 		n := min(len(w.queue), w.maxGroup)
@@ -252,10 +254,14 @@ func (w *Writer[T]) ready() bool {
 		return true
 	}
 	if w.timer == nil {
+		w.timerN++
+		n := w.timerN
 		w.timer = time.AfterFunc(w.asyncDelay, func() {
 			w.mu.Lock()
-			w.due = true
-			w.cond.Signal()
+			if n == w.timerN { // not stopped by a commit meanwhile
+				w.due = true
+				w.cond.Signal()
+			}
 			w.mu.Unlock()
 		})
 	}
