@@ -4,7 +4,7 @@ import "time"
 
 // OpenBoltStorePerWrite opens a BoltStore that commits every change in its
 // own bbolt Update, without group commit: the benchmarks' baseline. It uses
-// the same codec, buckets and indexes as OpenBoltStore.
+// the same codec and layout as OpenBoltStore.
 func OpenBoltStorePerWrite(path string, o *BoltOptions) (*BoltStore, error) {
 	var opt BoltOptions
 	if o != nil {
@@ -20,8 +20,10 @@ func (s *BoltStore) SetNow(now func() time.Time) { s.now = now }
 // SetNow replaces the store's clock. Call it before using the store.
 func (m *MemoryStore) SetNow(now func() time.Time) { m.now = now }
 
-// Journal bucket names, for tests that damage a journal on purpose.
+// Journal bucket names and format marker, for tests that damage or forge
+// a journal on purpose.
 var (
-	BucketOps    = bucketOps
-	BucketBodies = bucketBodies
+	BucketOps     = bucketOps
+	BucketMeta    = bucketMeta
+	MetaFormatKey = metaFormatKey
 )

@@ -1,12 +1,29 @@
 // Package codec encodes and decodes idem's journal records.
 //
-// A record is a leading version byte followed by the fields of that
-// version. Version 1 writes strings and header values as a uvarint length
-// followed by the bytes, integers and times as varints, and the fingerprint
-// as 32 raw bytes. Request bodies are not part of a record: the journal keeps
-// them in their own bucket so a large body is never copied by the codec.
+// A record is the value stored under an operation's key; the key itself is
+// not repeated in it. Version 2, the only one this package reads, is:
 //
-// Decode never panics: truncated, damaged or trailing input is an error
+//	version   1 byte (2)
+//	state     1 byte
+//	flags     1 byte (bit 7 is the codec's own: a lease time follows)
+//	created   varint, Unix nanoseconds (0: not set)
+//	updated   varint, nanoseconds after created
+//	lease     varint, nanoseconds after created (only with flag bit 7)
+//	attempts  uvarint
+//	status    uvarint
+//	fingerprint 32 bytes
+//	name, method, URL, host, last error, owner: uvarint length + bytes each
+//	--- the request section, empty in a finished record ---
+//	header count uvarint, then per header: name, value count, values
+//	body      the remaining bytes
+//	crc       4 bytes, CRC-32C (Castagnoli) of everything before, little endian
+//
+// A finished record has no request section beyond a zero header count, so
+// it is about 100 bytes plus its URL, name and owner. The checksum lets a
+// reader tell a damaged record (or a damaged page holding it) from a valid
+// one: bbolt checks no page contents.
+//
+// Decoding never panics: truncated, damaged or trailing input is an error
 // matching ErrCorrupt, and a version byte this package does not know is an
 // error matching ErrVersion.
 package codec
@@ -15,46 +32,73 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"slices"
 )
 
 // Version is the record version Append writes.
-const Version byte = 1
+const Version byte = 2
 
 var (
 	// ErrVersion is returned by Decode when the record's version byte is not
-	// one this package can read, typically because a newer version wrote it.
+	// one this package can read.
 	ErrVersion = errors.New("codec: unknown record version")
-	// ErrCorrupt is returned by Decode when the record is truncated, has
-	// trailing bytes or a field that cannot be read.
+	// ErrCorrupt is returned by Decode when the record is truncated, fails
+	// its checksum, has trailing bytes or a field that cannot be read.
 	ErrCorrupt = errors.New("codec: corrupt record")
 )
 
 // Record is one journal record as the codec sees it. Times are Unix
-// nanoseconds, with 0 meaning "not set". Header uses the same type as
-// http.Header, so callers can convert without copying.
+// nanoseconds, with 0 meaning "not set" (LeaseUntil only; Created and
+// Updated are always written). Header uses the same type as http.Header, so
+// callers can convert without copying.
 type Record struct {
-	Key, Name, Method, URL, Host string
-	Fingerprint                  [32]byte
-	State                        uint8
-	// Flags holds boolean properties of the operation, one bit each.
+	Name, Method, URL, Host string
+	Fingerprint             [32]byte
+	State                   uint8
+	// Flags holds boolean properties of the operation, one bit each; bit 7
+	// is reserved for the codec.
 	Flags                        uint8
 	Attempts, LastStatus         int64
 	LastError                    string
 	Created, Updated, LeaseUntil int64
 	Owner                        string
 	Header                       map[string][]string
+	Body                         []byte
 }
+
+const (
+	flagLease = 1 << 7 // a lease time follows; codec-internal
+	crcSize   = 4
+	// minSize is the shortest valid record: the three leading bytes, the
+	// smallest varints, the fingerprint, six empty strings, a zero header
+	// count and the checksum.
+	minSize = 3 + 1 + 1 + 1 + 1 + 32 + 6 + 1 + crcSize
+)
+
+var table = crc32.MakeTable(crc32.Castagnoli)
 
 // Size returns an upper bound of the encoded size of r, so a caller can
 // allocate once.
 func Size(r *Record) int {
-	n := 1 + 32 + 2 + 5*binary.MaxVarintLen64 // version, fingerprint, state, flags, ints
-	for _, s := range [...]string{r.Key, r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner} {
+	return HeadSize(r) + RequestSize(r.Header, r.Body)
+}
+
+// HeadSize returns an upper bound of the encoded size of r without its
+// request section, checksum included.
+func HeadSize(r *Record) int {
+	n := 3 + 5*binary.MaxVarintLen64 + 32 + crcSize
+	for _, s := range [...]string{r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner} {
 		n += binary.MaxVarintLen64 + len(s)
 	}
-	n += binary.MaxVarintLen64
-	for k, vs := range r.Header {
+	return n
+}
+
+// RequestSize returns an upper bound of the encoded size of a request
+// section holding header and body.
+func RequestSize(header map[string][]string, body []byte) int {
+	n := binary.MaxVarintLen64 + len(body)
+	for k, vs := range header {
 		n += 2*binary.MaxVarintLen64 + len(k)
 		for _, v := range vs {
 			n += binary.MaxVarintLen64 + len(v)
@@ -68,126 +112,227 @@ func Size(r *Record) int {
 // equal bytes.
 func Append(dst []byte, r *Record) []byte {
 	dst = slices.Grow(dst, Size(r))
-	dst = append(dst, Version)
-	dst = appendString(dst, r.Key)
-	dst = appendString(dst, r.Name)
-	dst = appendString(dst, r.Method)
-	dst = appendString(dst, r.URL)
-	dst = appendString(dst, r.Host)
-	dst = append(dst, r.Fingerprint[:]...)
-	dst = append(dst, r.State, r.Flags)
-	dst = binary.AppendVarint(dst, r.Attempts)
-	dst = binary.AppendVarint(dst, r.LastStatus)
-	dst = appendString(dst, r.LastError)
-	dst = binary.AppendVarint(dst, r.Created)
-	dst = binary.AppendVarint(dst, r.Updated)
-	dst = binary.AppendVarint(dst, r.LeaseUntil)
-	dst = appendString(dst, r.Owner)
-	dst = binary.AppendUvarint(dst, uint64(len(r.Header)))
-	if len(r.Header) == 0 {
-		return dst
+	start := len(dst)
+	dst = appendHead(dst, r)
+	dst = AppendRequest(dst, r.Header, r.Body)
+	return appendCRC(dst, start)
+}
+
+// AppendWithRequest is Append with r's request section replaced by req, a
+// section returned by DecodeHead (or made by AppendRequest), copied as it
+// is.
+func AppendWithRequest(dst []byte, r *Record, req []byte) []byte {
+	dst = slices.Grow(dst, HeadSize(r)+len(req))
+	start := len(dst)
+	dst = appendHead(dst, r)
+	if len(req) == 0 {
+		dst = append(dst, 0)
+	} else {
+		dst = append(dst, req...)
 	}
-	var small [16]string
-	names := small[:0]
-	for k := range r.Header {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
-		vs := r.Header[k]
-		dst = appendString(dst, k)
-		dst = binary.AppendUvarint(dst, uint64(len(vs)))
-		for _, v := range vs {
-			dst = appendString(dst, v)
-		}
-	}
-	return dst
+	return appendCRC(dst, start)
 }
 
 // Encode returns the encoding of r in a new slice of the right capacity.
 func Encode(r *Record) []byte { return Append(make([]byte, 0, Size(r)), r) }
+
+func appendHead(dst []byte, r *Record) []byte {
+	flags := r.Flags &^ flagLease
+	if r.LeaseUntil != 0 {
+		flags |= flagLease
+	}
+	dst = append(dst, Version, r.State, flags)
+	dst = binary.AppendVarint(dst, r.Created)
+	dst = binary.AppendVarint(dst, r.Updated-r.Created)
+	if r.LeaseUntil != 0 {
+		dst = binary.AppendVarint(dst, r.LeaseUntil-r.Created)
+	}
+	dst = binary.AppendUvarint(dst, uint64(r.Attempts))
+	dst = binary.AppendUvarint(dst, uint64(r.LastStatus))
+	dst = append(dst, r.Fingerprint[:]...)
+	dst = appendString(dst, r.Name)
+	dst = appendString(dst, r.Method)
+	dst = appendString(dst, r.URL)
+	dst = appendString(dst, r.Host)
+	dst = appendString(dst, r.LastError)
+	return appendString(dst, r.Owner)
+}
+
+// AppendRequest appends a request section holding header and body.
+func AppendRequest(dst []byte, header map[string][]string, body []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(header)))
+	if len(header) > 0 {
+		var small [16]string
+		names := small[:0]
+		for k := range header {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		for _, k := range names {
+			vs := header[k]
+			dst = appendString(dst, k)
+			dst = binary.AppendUvarint(dst, uint64(len(vs)))
+			for _, v := range vs {
+				dst = appendString(dst, v)
+			}
+		}
+	}
+	return append(dst, body...)
+}
+
+func appendCRC(dst []byte, start int) []byte {
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], table))
+}
 
 func appendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
 }
 
-// Decode decodes b into r, overwriting every field. r does not refer to b
-// afterwards: b may be memory that is only valid inside a transaction.
-// All strings of one record share a single allocation.
-func Decode(b []byte, r *Record) error {
+// Check verifies b's version and checksum and returns its state byte.
+func Check(b []byte) (state uint8, err error) {
 	if len(b) == 0 {
-		return fmt.Errorf("%w: empty", ErrCorrupt)
+		return 0, fmt.Errorf("%w: empty", ErrCorrupt)
 	}
 	if b[0] != Version {
-		return fmt.Errorf("%w %d (this version reads %d)", ErrVersion, b[0], Version)
+		return 0, fmt.Errorf("%w %d (this version reads %d)", ErrVersion, b[0], Version)
 	}
-	d := decoder{s: string(b), off: 1}
-	r.Key = d.str()
-	r.Name = d.str()
-	r.Method = d.str()
-	r.URL = d.str()
-	r.Host = d.str()
+	if len(b) < minSize {
+		return 0, fmt.Errorf("%w: %d bytes is too short", ErrCorrupt, len(b))
+	}
+	n := len(b) - crcSize
+	if crc32.Checksum(b[:n], table) != binary.LittleEndian.Uint32(b[n:]) {
+		return 0, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+	}
+	return b[1], nil
+}
+
+// Decode decodes b into r, overwriting every field. r does not refer to b
+// afterwards: b may be memory that is only valid inside a transaction.
+// All strings of one record share a single allocation; the body has its
+// own (nil when empty).
+func Decode(b []byte, r *Record) error {
+	req, err := DecodeHead(b, r)
+	if err != nil {
+		return err
+	}
+	return decodeRequest(req, r)
+}
+
+// DecodeHead decodes b into r without its request section: r.Header and
+// r.Body are set to nil, and req is that section, a sub-slice of b for
+// AppendWithRequest. Like Decode, it verifies the checksum of all of b.
+func DecodeHead(b []byte, r *Record) (req []byte, err error) {
+	if _, err := Check(b); err != nil {
+		return nil, err
+	}
+	b = b[:len(b)-crcSize]
+	d := decoder{b: b, off: 3}
+	r.State = b[1]
+	r.Flags = b[2] &^ flagLease
+	r.Created = d.varint()
+	r.Updated = r.Created + d.varint()
+	r.LeaseUntil = 0
+	if b[2]&flagLease != 0 {
+		r.LeaseUntil = r.Created + d.varint()
+	}
+	r.Attempts = int64(d.uvarint())
+	r.LastStatus = int64(d.uvarint())
 	if d.err == nil {
-		if len(d.s)-d.off < 34 {
+		if len(b)-d.off < 32 {
 			d.fail("fingerprint")
 		} else {
-			copy(r.Fingerprint[:], d.s[d.off:d.off+32])
-			r.State = d.s[d.off+32]
-			r.Flags = d.s[d.off+33]
-			d.off += 34
+			copy(r.Fingerprint[:], b[d.off:d.off+32])
+			d.off += 32
 		}
 	}
-	r.Attempts = d.varint()
-	r.LastStatus = d.varint()
-	r.LastError = d.str()
-	r.Created = d.varint()
-	r.Updated = d.varint()
-	r.LeaseUntil = d.varint()
-	r.Owner = d.str()
-	n := d.uvarint()
-	r.Header = nil
-	if d.err == nil && n > 0 {
-		// Each header entry takes at least two bytes, which bounds n by the
-		// input before anything is allocated.
-		if n > uint64(len(d.s)-d.off)/2 {
-			d.fail("header count")
-		} else {
-			r.Header = make(map[string][]string, n)
-			for i := uint64(0); i < n && d.err == nil; i++ {
-				k := d.str()
-				m := d.uvarint()
-				if d.err != nil {
-					break
-				}
-				if m > uint64(len(d.s)-d.off) {
-					d.fail("header value count")
-					break
-				}
-				vs := make([]string, 0, m)
-				for j := uint64(0); j < m && d.err == nil; j++ {
-					vs = append(vs, d.str())
-				}
-				if _, dup := r.Header[k]; dup && d.err == nil {
-					d.fail("duplicate header")
-				}
-				r.Header[k] = vs
-			}
+	// The six strings are sliced from one copy of their bytes.
+	start := d.off
+	var spans [6][2]int
+	for i := range spans {
+		n := d.uvarint()
+		if d.err != nil {
+			break
 		}
-	}
-	if d.err == nil && d.off != len(d.s) {
-		d.fail("trailing bytes")
+		if n > uint64(len(b)-d.off) {
+			d.fail("string length")
+			break
+		}
+		spans[i] = [2]int{d.off - start, d.off - start + int(n)}
+		d.off += int(n)
 	}
 	if d.err != nil {
+		return nil, d.err
+	}
+	s := string(b[start:d.off])
+	str := func(i int) string { return s[spans[i][0]:spans[i][1]] }
+	r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner = str(0), str(1), str(2), str(3), str(4), str(5)
+	r.Header, r.Body = nil, nil
+	if d.off >= len(b) {
+		d.fail("request section")
+		return nil, d.err
+	}
+	return b[d.off:], nil
+}
+
+// decodeRequest decodes a request section into r.Header and r.Body.
+func decodeRequest(req []byte, r *Record) error {
+	d := decoder{b: req}
+	n := d.uvarint()
+	if d.err != nil {
 		return d.err
+	}
+	if n > 0 {
+		// Each header entry takes at least two bytes, which bounds n by the
+		// input before anything is allocated.
+		if n > uint64(len(req)-d.off)/2 {
+			d.fail("header count")
+			return d.err
+		}
+		// Find the end of the header entries first, to copy them once.
+		start, off := d.off, d.off
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			d.skipString()
+			m := d.uvarint()
+			if m > uint64(len(req)-d.off) {
+				d.fail("header value count")
+			}
+			for j := uint64(0); j < m && d.err == nil; j++ {
+				d.skipString()
+			}
+		}
+		if d.err != nil {
+			return d.err
+		}
+		hd := decoder{b: req[:d.off], off: off, s: string(req[start:d.off]), base: start}
+		h := make(map[string][]string, n)
+		for i := uint64(0); i < n; i++ {
+			k := hd.str()
+			m := hd.uvarint()
+			vs := make([]string, 0, m)
+			for j := uint64(0); j < m; j++ {
+				vs = append(vs, hd.str())
+			}
+			if _, dup := h[k]; dup {
+				d.fail("duplicate header")
+				return d.err
+			}
+			h[k] = vs
+		}
+		r.Header = h
+	}
+	if d.off < len(req) {
+		r.Body = slices.Clone(req[d.off:])
 	}
 	return nil
 }
 
 type decoder struct {
-	s   string
-	off int
-	err error
+	b    []byte
+	off  int
+	err  error
+	s    string // b[base:] as a string, for str
+	base int
 }
 
 func (d *decoder) fail(what string) {
@@ -200,27 +345,13 @@ func (d *decoder) uvarint() uint64 {
 	if d.err != nil {
 		return 0
 	}
-	var x uint64
-	var s uint
-	for i := 0; i < binary.MaxVarintLen64; i++ {
-		if d.off >= len(d.s) {
-			d.fail("varint")
-			return 0
-		}
-		c := d.s[d.off]
-		d.off++
-		if c < 0x80 {
-			if i == binary.MaxVarintLen64-1 && c > 1 {
-				d.fail("varint")
-				return 0
-			}
-			return x | uint64(c)<<s
-		}
-		x |= uint64(c&0x7f) << s
-		s += 7
+	x, n := binary.Uvarint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("varint")
+		return 0
 	}
-	d.fail("varint")
-	return 0
+	d.off += n
+	return x
 }
 
 func (d *decoder) varint() int64 {
@@ -232,16 +363,22 @@ func (d *decoder) varint() int64 {
 	return x
 }
 
-func (d *decoder) str() string {
+func (d *decoder) skipString() {
 	n := d.uvarint()
 	if d.err != nil {
-		return ""
+		return
 	}
-	if n > uint64(len(d.s)-d.off) {
+	if n > uint64(len(d.b)-d.off) {
 		d.fail("string length")
-		return ""
+		return
 	}
-	s := d.s[d.off : d.off+int(n)]
 	d.off += int(n)
+}
+
+// str reads a string from d.s; the caller has checked the bounds.
+func (d *decoder) str() string {
+	n := int(d.uvarint())
+	s := d.s[d.off-d.base : d.off-d.base+n]
+	d.off += n
 	return s
 }

@@ -13,8 +13,12 @@
 // the group is run again without it, so one caller's failure never fails the
 // others. Because of this a function MAY BE CALLED MORE THAN ONCE and must
 // only derive its effects from the transaction it is given. If the commit
-// itself fails (a full disk, an I/O error), every function of the group gets
-// that error.
+// itself fails (a full disk, an I/O error), every caller of Do in the group
+// gets that error, and the functions queued by Go are kept, in order, at
+// the head of the queue: they ride the next commit, retried after a delay
+// that doubles up to MaxRetryDelay while commits keep failing. An accepted
+// asynchronous change is never dropped while the Writer is open; Close makes
+// one last attempt and returns its error.
 package groupcommit
 
 import (
@@ -35,9 +39,16 @@ type Options struct {
 	// means 1024.
 	MaxGroup int
 	// OnAsyncError is called, on the writer's goroutine, with the error of a
-	// function queued by Go, or of the commit that carried it. Nil ignores
-	// such errors.
+	// function queued by Go (which is then dropped: it failed, not the
+	// disk), or once per failed commit that carried functions queued by Go
+	// (which are kept for the next commit). Nil ignores such errors.
 	OnAsyncError func(error)
+	// Recover, if set, turns the value a function panicked with into the
+	// error that function gets. Nil gives a generic error.
+	Recover func(p any) error
+	// MaxRetryDelay caps the wait before functions queued by Go are
+	// committed again after their commit failed. Zero means 1s.
+	MaxRetryDelay time.Duration
 	// AsyncDelay is how long functions queued by Go may wait for a Do or
 	// Sync to carry them into a commit before they are committed on their
 	// own. It saves an fsync per request for callers that follow every
@@ -53,12 +64,15 @@ type Writer[T any] struct {
 	maxGroup   int
 	onAsync    func(error)
 	asyncDelay time.Duration
+	maxRetry   time.Duration
+	recover    func(any) error
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when queue grows or closed is set
 	queue   []*item[T]
 	closed  bool
-	urgent  int           // queued Do functions plus Sync callers waiting
+	urgent  int           // queued Do functions
+	syncers int           // Sync callers waiting
 	due     bool          // the async delay of the queued Go functions is over
 	timer   *time.Timer   // runs out the async delay; nil when not running
 	timerN  uint64        // counts timers started or stopped; a stale one is ignored
@@ -66,6 +80,10 @@ type Writer[T any] struct {
 	done    uint64        // functions ever finished, in queue order
 	flushed chan struct{} // closed and replaced after every group
 	exited  chan struct{}
+	failErr error         // error of the last failed commit that kept functions queued
+	fails   int           // commits failed in a row
+	failN   uint64        // commits ever failed that kept functions queued
+	lost    error         // the error that made Close drop queued functions
 }
 
 type item[T any] struct {
@@ -101,6 +119,11 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 	}
 	if w.asyncDelay == 0 {
 		w.asyncDelay = 20 * time.Millisecond
+	}
+	w.recover = o.Recover
+	w.maxRetry = o.MaxRetryDelay
+	if w.maxRetry <= 0 {
+		w.maxRetry = time.Second
 	}
 	w.cond = sync.NewCond(&w.mu)
 	go w.loop()
@@ -145,13 +168,13 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 		w.mu.Unlock()
 		return ErrClosed
 	}
-	target := w.enq
+	target, failN := w.enq, w.failN
 	if w.done < target {
-		w.urgent++
+		w.syncers++
 		w.cond.Signal()
 		defer func() {
 			w.mu.Lock()
-			w.urgent--
+			w.syncers--
 			w.mu.Unlock()
 		}()
 	}
@@ -164,6 +187,12 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 			return context.Cause(ctx)
 		}
 		w.mu.Lock()
+		if w.done < target && w.failN != failN {
+			// What Sync waits for is kept for a later commit.
+			err := w.failErr
+			w.mu.Unlock()
+			return err
+		}
 	}
 	w.mu.Unlock()
 	return nil
@@ -182,6 +211,9 @@ func (w *Writer[T]) Close() error {
 	w.cond.Signal()
 	w.mu.Unlock()
 	<-w.exited
+	if w.lost != nil {
+		return fmt.Errorf("groupcommit: queued changes not written: %w", w.lost)
+	}
 	return nil
 }
 
@@ -232,11 +264,24 @@ func (w *Writer[T]) loop() {
 		}
 		w.mu.Unlock()
 
-		w.run(group)
+		kept, err := w.run(group)
 		clear(group)
 
 		w.mu.Lock()
-		w.done += uint64(n)
+		w.done += uint64(n - len(kept))
+		if len(kept) > 0 {
+			if w.closed {
+				// Close makes one last attempt; after it, nothing is left
+				// to retry with.
+				w.lost = fmt.Errorf("%d changes: %w", len(kept), err)
+				w.done += uint64(len(kept))
+			} else {
+				w.queue = append(kept, w.queue...)
+				w.failErr, w.fails, w.failN = err, w.fails+1, w.failN+1
+			}
+		} else if err == nil {
+			w.fails = 0
+		}
 		close(w.flushed)
 		w.flushed = make(chan struct{})
 		w.mu.Unlock()
@@ -250,13 +295,23 @@ func (w *Writer[T]) ready() bool {
 	switch {
 	case len(w.queue) == 0:
 		return w.closed
-	case w.closed, w.urgent > 0, w.due, w.asyncDelay < 0, len(w.queue) >= w.maxGroup:
+	case w.closed, w.urgent > 0, w.due, len(w.queue) >= w.maxGroup:
+		return true
+	case w.fails == 0 && (w.syncers > 0 || w.asyncDelay < 0):
+		// After a failed commit, a waiting Sync does not hurry the
+		// retry: it returns the failure instead.
 		return true
 	}
 	if w.timer == nil {
 		w.timerN++
 		n := w.timerN
-		w.timer = time.AfterFunc(w.asyncDelay, func() {
+		delay := max(w.asyncDelay, 0)
+		if w.fails > 0 {
+			// The last commit failed: wait before retrying what it kept,
+			// doubling the wait with each failure.
+			delay = min(max(delay, time.Millisecond)<<min(w.fails, 20), w.maxRetry)
+		}
+		w.timer = time.AfterFunc(delay, func() {
 			w.mu.Lock()
 			if n == w.timerN { // not stopped by a commit meanwhile
 				w.due = true
@@ -268,11 +323,13 @@ func (w *Writer[T]) ready() bool {
 	return false
 }
 
-// run commits one group, rerunning it without any function that fails.
-func (w *Writer[T]) run(group []*item[T]) {
+// run commits one group, rerunning it without any function that fails. If
+// the commit fails, it returns the functions queued by Go, to be kept, and
+// the error.
+func (w *Writer[T]) run(group []*item[T]) (kept []*item[T], err error) {
 	live := group[:0:0]
 	for _, it := range group {
-		if it.state.CompareAndSwap(queued, taken) {
+		if it.res == nil || it.state.CompareAndSwap(queued, taken) {
 			live = append(live, it)
 		}
 	}
@@ -280,7 +337,7 @@ func (w *Writer[T]) run(group []*item[T]) {
 		failed, ferr := -1, error(nil)
 		err := w.safeUpdate(func(tx T) error {
 			for i, it := range live {
-				if err := call(it.fn, tx); err != nil {
+				if err := w.call(it.fn, tx); err != nil {
 					failed, ferr = i, err
 					return errRerun
 				}
@@ -292,11 +349,25 @@ func (w *Writer[T]) run(group []*item[T]) {
 			live = append(live[:failed], live[failed+1:]...)
 			continue
 		}
-		for _, it := range live {
-			w.finish(it, err)
+		if err != nil {
+			for _, it := range live {
+				if it.res == nil {
+					kept = append(kept, it)
+				} else {
+					it.res <- err
+				}
+			}
+			if len(kept) > 0 && w.onAsync != nil {
+				w.onAsync(fmt.Errorf("%d queued changes kept for the next commit: %w", len(kept), err))
+			}
+			return kept, err
 		}
-		return
+		for _, it := range live {
+			w.finish(it, nil)
+		}
+		return nil, nil
 	}
+	return nil, nil
 }
 
 func (w *Writer[T]) safeUpdate(fn func(T) error) (err error) {
@@ -308,10 +379,14 @@ func (w *Writer[T]) safeUpdate(fn func(T) error) (err error) {
 	return w.update(fn)
 }
 
-func call[T any](fn func(T) error, tx T) (err error) {
+func (w *Writer[T]) call(fn func(T) error, tx T) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("groupcommit: function panicked: %v", p)
+			if w.recover != nil {
+				err = w.recover(p)
+			} else {
+				err = fmt.Errorf("groupcommit: function panicked: %v", p)
+			}
 		}
 	}()
 	return fn(tx)

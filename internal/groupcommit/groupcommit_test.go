@@ -235,8 +235,72 @@ func TestCommitFailureReachesEveryCaller(t *testing.T) {
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	if len(db.data) != 2 || db.data["first"] != 1 || db.data["next"] != 1 {
-		t.Fatalf("committed %v, want only first and next", db.data)
+	// The async function was kept and rode the next commit; the callers of
+	// Do in the failed group were told, and their changes are gone.
+	if len(db.data) != 3 || db.data["first"] != 1 || db.data["next"] != 1 || db.data["async"] != 1 {
+		t.Fatalf("committed %v, want first, async and next once each", db.data)
+	}
+}
+
+func TestAsyncKeptUntilACommitSucceeds(t *testing.T) {
+	db := newFakeDB()
+	diskFull := errors.New("no space left on device")
+	db.failOn = map[int]error{1: diskFull, 2: diskFull, 3: diskFull}
+	var mu sync.Mutex
+	var reported []error
+	w := New(db.update, Options{AsyncDelay: -1, MaxRetryDelay: time.Millisecond, OnAsyncError: func(err error) {
+		mu.Lock()
+		reported = append(reported, err)
+		mu.Unlock()
+	}})
+	defer w.Close()
+	if err := w.Go(put("mark")); err != nil {
+		t.Fatal(err)
+	}
+	// Sync reports the failure instead of waiting for a disk that is full.
+	for {
+		err := w.Sync(t.Context())
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, diskFull) {
+			t.Fatalf("Sync: %v", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.data["mark"] != 1 || db.callCount != 4 {
+		t.Fatalf("after three failed commits: committed %v in %d commits, want mark in the 4th", db.data, db.callCount)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) != 3 || !errors.Is(reported[0], diskFull) {
+		t.Fatalf("OnAsyncError got %v, want the three commit errors", reported)
+	}
+}
+
+func TestCloseReportsChangesItCouldNotWrite(t *testing.T) {
+	db := newFakeDB()
+	diskFull := errors.New("no space left on device")
+	db.failOn = map[int]error{}
+	for i := range 100 {
+		db.failOn[i+1] = diskFull
+	}
+	w := New(db.update, Options{AsyncDelay: time.Hour, MaxRetryDelay: time.Hour})
+	if err := w.Go(put("mark")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(t.Context()); !errors.Is(err, diskFull) {
+		t.Fatalf("Sync = %v, want the commit error", err)
+	}
+	if err := w.Close(); !errors.Is(err, diskFull) {
+		t.Fatalf("Close with a change that still cannot be written = %v, want the commit error", err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if len(db.data) != 0 {
+		t.Fatalf("committed %v on a full disk", db.data)
 	}
 }
 

@@ -1,0 +1,450 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/idemgo/idem/internal/groupcommit"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// This file holds the bbolt file handling of BoltStore: opening and
+// checking the file, the format marker, turning bbolt's faults into idem's
+// sentinels, the check that the file still has its name, and scrubbing the
+// free pages. boltstore.go holds the KeyStore methods.
+
+// BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
+// means the default.
+type BoltOptions struct {
+	// LockTimeout bounds how long OpenBoltStore waits for another process
+	// or handle (in this process too) to release the journal file before it
+	// returns an error matching ErrJournalLocked. Zero means 2 seconds.
+	LockTimeout time.Duration
+	// MaxGroup caps how many changes one commit (one fsync) carries. Zero
+	// means 1024.
+	MaxGroup int
+	// Logger receives warnings the store cannot return to a caller: a
+	// record Sweep kept because it could not read it, or a commit of
+	// changes queued by Attempt or Finish that failed. Nil is silent.
+	Logger *slog.Logger
+	// OnWriteError, if set, is called (on the store's writer goroutine;
+	// it must not block) when a commit carrying changes queued by Attempt
+	// or Finish failed. Those changes are kept and ride the next commit;
+	// Close returns an error if they still cannot be written.
+	OnWriteError func(error)
+	// ScrubDelay bounds how long the request (header and body) of a
+	// finished operation may stay readable in the free pages of the file:
+	// bbolt frees pages without clearing them, so the store overwrites the
+	// free pages with zeros, in a commit at most ScrubDelay after a finish.
+	// Zero means 1 second; a negative value scrubs only at Close.
+	ScrubDelay time.Duration
+
+	// perWrite makes every change its own bbolt Update, without group
+	// commit. It exists for the benchmarks' baseline.
+	perWrite bool
+}
+
+// Defaults of BoltOptions.
+const (
+	defaultLockTimeout = 2 * time.Second
+	defaultMaxGroup    = 1024
+	defaultScrubDelay  = time.Second
+)
+
+// Journal format 2: bucket names and the format marker. meta holds the
+// marker that tells an idem journal from another bbolt file; ops maps each
+// key to its record (codec version 2, the request inline while pending);
+// names maps an operation name to its key. There are no other indexes:
+// Pending, Claim and Sweep walk ops in key order.
+var (
+	bucketMeta    = []byte("meta")
+	bucketOps     = []byte("ops")
+	bucketNames   = []byte("names")
+	metaFormatKey = []byte("format")
+	metaFormat    = []byte("idem-journal/2")
+	formatPrefix  = "idem-journal/"
+)
+
+// opsFill is the fill percent of the ops bucket's pages. UUIDv7 keys are
+// appended in order, so bbolt's default of one half would leave every page
+// half empty.
+const opsFill = 0.9
+
+// boltFile is the bbolt file of a BoltStore and what guards it.
+type boltFile struct {
+	path   string
+	db     *bolt.DB
+	file   *os.File    // bbolt's file handle, to release a broken journal
+	id     os.FileInfo // the open file, to tell whether path still names it
+	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
+
+	// readers is held shared by read transactions and exclusively while
+	// free pages are scrubbed: a reader's snapshot may still use a page
+	// that bbolt lists as free.
+	readers sync.RWMutex
+	// scrubbed[id] is set for a free page that was zeroed and stayed free.
+	scrubbed []bool
+	// dropped is the highest transaction ID that dropped a request;
+	// scrubbedTo the highest one whose freed pages were zeroed.
+	dropped, scrubbedTo atomic.Uint64
+	// kick, if set, is called when a transaction drops a request.
+	kick func()
+}
+
+// openFile opens, or creates, the bbolt file at path and checks its
+// format. Only a missing file creates a journal: an existing empty or short
+// file is a lost journal (ErrJournalCorrupt).
+func openFile(path string, timeout time.Duration) (*boltFile, error) {
+	f := &boltFile{path: path}
+	if path == "" {
+		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return nil, fmt.Errorf("open journal %s: %w: the path is a directory", path, ErrJournalWrite)
+	case err == nil && fi.Size() == 0:
+		return nil, fmt.Errorf("open journal %s: %w: the file is empty: a journal that lost its contents, not a new one (remove it to start a new journal)", path, ErrJournalCorrupt)
+	case errors.Is(err, fs.ErrNotExist):
+		if di, derr := os.Stat(filepath.Dir(path)); derr != nil {
+			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %w", path, ErrJournalWrite, derr)
+		} else if !di.IsDir() {
+			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %s is not a directory", path, ErrJournalWrite, filepath.Dir(path))
+		}
+	case err != nil:
+		return nil, fmt.Errorf("open journal %s: %w: %w", path, ErrJournalWrite, err)
+	}
+	if err := f.open(timeout); err != nil {
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
+	}
+	if err := f.init(); err != nil {
+		_ = f.release()
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// open opens the bbolt file and maps its errors to idem's sentinels. A
+// damaged file can make bbolt panic or fault on its memory map; both are
+// turned into ErrJournalCorrupt.
+func (f *boltFile) open(timeout time.Duration) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if f.file != nil {
+				_ = f.file.Close()
+			}
+			f.db, err = nil, fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
+		}
+	}()
+	f.db, err = bolt.Open(f.path, 0o600, &bolt.Options{
+		Timeout:      timeout,
+		FreelistType: bolt.FreelistMapType,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			file, err := os.OpenFile(name, flag, perm)
+			f.file = file
+			return file, err
+		},
+	})
+	if err != nil {
+		return mapOpenError(err)
+	}
+	if f.id, err = f.file.Stat(); err != nil {
+		_ = f.db.Close()
+		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
+	}
+	return nil
+}
+
+func mapOpenError(err error) error {
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return fmt.Errorf("%w: %w", ErrJournalLocked, err)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+		errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping):
+		return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS),
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
+		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
+	}
+	// bbolt reports most damage (a file shorter than its pages, a bad
+	// page) with plain errors; anything else from opening an existing file
+	// is damage too.
+	return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
+}
+
+// init checks the size and format marker and creates the buckets of a new
+// journal. A bbolt file with other buckets and no marker is foreign.
+func (f *boltFile) init() error {
+	// A file shorter than the pages its meta page claims was truncated;
+	// reading those pages would fault.
+	err := f.view(func(tx *bolt.Tx) error {
+		if f.id.Size() < tx.Size() {
+			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrJournalCorrupt, f.id.Size(), tx.Size())
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return f.update(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			if err := checkFormat(m.Get(metaFormatKey)); err != nil {
+				return err
+			}
+		} else {
+			foreign := false
+			_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+				foreign = true
+				return errors.New("stop")
+			})
+			if foreign {
+				return fmt.Errorf("%w: not an idem journal (no format marker)", ErrJournalCorrupt)
+			}
+			m, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if err := m.Put(metaFormatKey, metaFormat); err != nil {
+				return err
+			}
+		}
+		for _, name := range [][]byte{bucketOps, bucketNames} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return fmt.Errorf("%w: bucket %s: %w", ErrJournalCorrupt, name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// checkFormat checks the journal's format marker: the current format is
+// read; another idem format matches ErrRecordVersion and says what to do;
+// anything else is damage.
+func checkFormat(got []byte) error {
+	if bytes.Equal(got, metaFormat) {
+		return nil
+	}
+	v, ok := strings.CutPrefix(string(got), formatPrefix)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: journal format marker %q, want %q", ErrJournalCorrupt, got, metaFormat)
+	case v < string(metaFormat[len(formatPrefix):]) && len(v) <= len(metaFormat)-len(formatPrefix):
+		return fmt.Errorf("%w: the journal has format %s, written by an earlier, unreleased version of idem that this one cannot read: "+
+			"resume or reconcile its pending operations with the version that wrote it, then move the file away to start a new journal", ErrRecordVersion, got)
+	}
+	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", ErrRecordVersion, got, metaFormat)
+}
+
+// release closes the bbolt file. After bbolt panicked its locks may be
+// held, so DB.Close would block forever: then only the file is closed,
+// which releases the lock on it, and the memory map is left behind.
+func (f *boltFile) release() error {
+	if f.broken.Load() {
+		return f.file.Close()
+	}
+	return f.db.Close()
+}
+
+// corrupt turns the value bbolt panicked with (a damaged page) into an
+// error matching ErrJournalCorrupt; after one, the store refuses all
+// access.
+func (f *boltFile) corrupt(p any) error {
+	f.broken.Store(true)
+	return fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
+}
+
+// guarded runs fn with a fault or panic inside bbolt turned into
+// ErrJournalCorrupt.
+func (f *boltFile) guarded(fn func() error) (err error) {
+	if f.broken.Load() {
+		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			err = f.corrupt(p)
+		}
+	}()
+	return fn()
+}
+
+// stillNamed returns an error matching ErrJournalWrite if the journal's
+// path no longer names the open file (it was removed, renamed or
+// replaced): a change written to an unlinked file would be lost.
+func (f *boltFile) stillNamed() error {
+	fi, err := os.Stat(f.path)
+	if err == nil && os.SameFile(fi, f.id) {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("the path names another file now")
+	}
+	return fmt.Errorf("%w: journal file %s was removed or replaced while open: %w", ErrJournalWrite, f.path, err)
+}
+
+// update runs fn in one durable bbolt transaction, guarded; a failed
+// commit, and a journal whose file lost its name, become ErrJournalWrite.
+func (f *boltFile) update(fn func(*bolt.Tx) error) error {
+	return f.guarded(func() error {
+		if err := f.stillNamed(); err != nil {
+			return err
+		}
+		var fnErr error
+		err := f.db.Update(func(tx *bolt.Tx) error {
+			fnErr = fn(tx)
+			return fnErr
+		})
+		if err != nil && fnErr == nil {
+			return fmt.Errorf("%w: %w", ErrJournalWrite, err)
+		}
+		return err
+	})
+}
+
+// view runs fn in a read transaction, guarded.
+func (f *boltFile) view(fn func(*bolt.Tx) error) error {
+	return f.guarded(func() error {
+		f.readers.RLock()
+		defer f.readers.RUnlock()
+		err := f.db.View(fn)
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return ErrClosed
+		}
+		return err
+	})
+}
+
+// noteDrop records that tx drops a request, whose bytes stay in the pages
+// tx frees until a scrub overwrites them.
+func (f *boltFile) noteDrop(tx *bolt.Tx) {
+	id := uint64(tx.ID())
+	for {
+		old := f.dropped.Load()
+		if old >= id || f.dropped.CompareAndSwap(old, id) {
+			break
+		}
+	}
+	if f.kick != nil {
+		f.kick()
+	}
+}
+
+// scrubDue reports whether some transaction dropped a request since the
+// last scrub.
+func (f *boltFile) scrubDue() bool { return f.dropped.Load() > f.scrubbedTo.Load() }
+
+// scrub overwrites with zeros every free page not zeroed since it was
+// freed. It runs inside a write transaction, so no page it zeroes is
+// allocated meanwhile, and holds off readers, so none of them still reads
+// one. The zeros reach the disk with tx's commit. Pages freed by tx itself
+// are freed when it commits: the next scrub zeroes them.
+func (f *boltFile) scrub(tx *bolt.Tx) error {
+	f.readers.Lock()
+	defer f.readers.Unlock()
+	ps := tx.DB().Info().PageSize
+	hwm := int(tx.Size() / int64(ps)) // pages in use or free; beyond is unused
+	if len(f.scrubbed) < hwm {
+		f.scrubbed = append(f.scrubbed, make([]bool, hwm-len(f.scrubbed))...)
+	}
+	zeros := make([]byte, 64*ps)
+	run, runLen := 0, 0 // a run of free pages to zero with one write
+	flush := func() error {
+		for runLen > 0 {
+			n := min(runLen, 64)
+			if _, err := f.file.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
+				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
+			}
+			run, runLen = run+n, runLen-n
+		}
+		return nil
+	}
+	for id := 2; id < hwm; id++ {
+		info, err := tx.Page(id)
+		if err != nil {
+			return err
+		}
+		free := info != nil && info.Type == "free"
+		if !free || f.scrubbed[id] {
+			f.scrubbed[id] = free
+			if err := flush(); err != nil {
+				return err
+			}
+			continue
+		}
+		f.scrubbed[id] = true
+		if runLen == 0 {
+			run = id
+		}
+		runLen++
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	// Pages freed by transactions before tx are free now (no reader holds
+	// them: readers are held off), and zeroed.
+	to := uint64(tx.ID()) - 1
+	for {
+		old := f.scrubbedTo.Load()
+		if old >= to || f.scrubbedTo.CompareAndSwap(old, to) {
+			return nil
+		}
+	}
+}
+
+// scrubber runs scrubs while the store is open: at most delay after a
+// commit that dropped a request, and again while a scrub leaves one due.
+func (s *BoltStore) scrubber(delay time.Duration) {
+	defer close(s.scrubDone)
+	t := time.NewTimer(delay)
+	t.Stop()
+	armed := false
+	for {
+		select {
+		case <-s.scrubStop:
+			t.Stop()
+			return
+		case <-s.scrubKick:
+			if !armed {
+				t.Reset(delay)
+				armed = true
+			}
+		case <-t.C:
+			armed = false
+			if !s.f.scrubDue() {
+				continue
+			}
+			err := s.w.Do(context.Background(), s.f.scrub)
+			if err != nil && !errors.Is(err, groupcommit.ErrClosed) {
+				s.log.Warn("idem: scrubbing free journal pages", "err", err)
+			}
+			if s.f.scrubDue() {
+				t.Reset(delay)
+				armed = true
+			}
+		}
+	}
+}
+
+// kickScrub asks the scrubber for a scrub after its delay. It never
+// blocks.
+func (s *BoltStore) kickScrub() {
+	select {
+	case s.scrubKick <- struct{}{}:
+	default:
+	}
+}
