@@ -80,10 +80,10 @@ type Writer[T any] struct {
 	done    uint64        // functions ever finished, in queue order
 	flushed chan struct{} // closed and replaced after every group
 	exited  chan struct{}
-	failErr error         // error of the last failed commit that kept functions queued
-	fails   int           // commits failed in a row
-	failN   uint64        // commits ever failed that kept functions queued
-	lost    error         // the error that made Close drop queued functions
+	failErr error  // error of the last failed commit that kept functions queued
+	fails   int    // commits failed in a row
+	failN   uint64 // commits ever failed that kept functions queued
+	lost    error  // the error that made Close drop queued functions
 }
 
 type item[T any] struct {
