@@ -456,3 +456,409 @@ func TestCrashReserve(t *testing.T) {
 		t.Logf("round %d: %d keys reserved before SIGKILL, all present", round, len(reserved))
 	}
 }
+
+func TestBoltStoreOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, path string
+		want       error
+	}{
+		// Only a missing file creates a journal: an existing empty one
+		// lost its contents, and its pending operations with them.
+		{"empty file", empty, idem.ErrJournalCorrupt},
+		// These say nothing about a journal's contents: it cannot be
+		// created or opened.
+		{"empty path", "", idem.ErrJournalWrite},
+		{"missing parent directory", filepath.Join(dir, "nope", "journal.db"), idem.ErrJournalWrite},
+		{"path is a directory", dir, idem.ErrJournalWrite},
+		{"parent is a file", filepath.Join(notDir, "journal.db"), idem.ErrJournalWrite},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := idem.OpenBoltStore(tc.path, nil)
+			if err == nil {
+				s.Close()
+				t.Fatal("opened without error")
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			for _, other := range []error{idem.ErrJournalCorrupt, idem.ErrJournalWrite} {
+				if other != tc.want && errors.Is(err, other) {
+					t.Fatalf("got %v, which also matches %v", err, other)
+				}
+			}
+		})
+	}
+	if fi, err := os.Stat(empty); err != nil || fi.Size() != 0 {
+		t.Fatalf("the empty journal was changed: %v, %v", fi, err)
+	}
+}
+
+// forgeFormat rewrites the format marker of the closed journal at path.
+func forgeFormat(t *testing.T, path, format string) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(idem.BucketMeta).Put(idem.MetaFormatKey, []byte(format))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBoltStoreFormatVersions(t *testing.T) {
+	for _, tc := range []struct {
+		format  string
+		want    error
+		message string
+	}{
+		{"idem-journal/1", idem.ErrRecordVersion, "earlier"},
+		{"idem-journal/3", idem.ErrRecordVersion, "newer"},
+		{"idem-journal/10", idem.ErrRecordVersion, "newer"},
+		{"something else", idem.ErrJournalCorrupt, "marker"},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "journal.db")
+			s, err := idem.OpenBoltStore(path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustReserve(t, s, newOp("k1"))
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			forgeFormat(t, path, tc.format)
+			s, err = idem.OpenBoltStore(path, nil)
+			if err == nil {
+				s.Close()
+				t.Fatal("opened without error")
+			}
+			if !errors.Is(err, tc.want) || (tc.want == idem.ErrRecordVersion && errors.Is(err, idem.ErrJournalCorrupt)) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.message) {
+				t.Fatalf("message %q does not say %q", err, tc.message)
+			}
+		})
+	}
+}
+
+func TestBoltStoreRemovedWhileOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		remove func(dir, path string) error
+	}{
+		{"file unlinked", func(_, path string) error { return os.Remove(path) }},
+		{"directory removed", func(dir, _ string) error { return os.RemoveAll(dir) }},
+		{"file replaced", func(_, path string) error {
+			if err := os.Rename(path, path+".old"); err != nil {
+				return err
+			}
+			return os.WriteFile(path, nil, 0o600)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "journal")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "journal.db")
+			s := openBolt(t, path)
+			ctx := t.Context()
+			mustReserve(t, s, newOp("before"))
+			if err := tc.remove(dir, path); err != nil {
+				t.Fatal(err)
+			}
+			// A keyed request must not go out on a reservation written
+			// into a file nobody will find again.
+			if _, _, err := s.Reserve(ctx, newOp("after")); !errors.Is(err, idem.ErrJournalWrite) {
+				t.Fatalf("Reserve after the journal was removed = %v, want ErrJournalWrite", err)
+			}
+			if err := s.Finish(ctx, "before", idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
+				t.Fatalf("Finish (queued): %v", err)
+			}
+			if err := s.Close(); !errors.Is(err, idem.ErrJournalWrite) {
+				t.Fatalf("Close with a queued change it could not write = %v, want ErrJournalWrite", err)
+			}
+		})
+	}
+}
+
+func TestBoltStoreDamagedPageDuringWrite(t *testing.T) {
+	// A page damaged under a running store: the write that reads it fails
+	// with ErrJournalCorrupt, not an untyped panic message.
+	path := filepath.Join(t.TempDir(), "journal.db")
+	s, err := idem.OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 200 {
+		op := newOp(fmt.Sprintf("key-%03d", i))
+		op.Body = bytes.Repeat([]byte("z"), 300)
+		mustReserve(t, s, op)
+	}
+	// Overwrite every page but the meta pages in place, behind bbolt's
+	// back, with bytes that are no page type bbolt knows.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := f.Stat()
+	junk := bytes.Repeat([]byte{0xA5}, int(fi.Size())-8192)
+	if _, err := f.WriteAt(junk, 8192); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, _, err = s.Reserve(t.Context(), newOp("key-100x"))
+	if !errors.Is(err, idem.ErrJournalCorrupt) {
+		t.Fatalf("Reserve over damaged pages = %v, want ErrJournalCorrupt", err)
+	}
+	if err := s.Attempt(t.Context(), "key-050", idem.Attempt{Sent: 1}); err != nil && !errors.Is(err, idem.ErrJournalCorrupt) {
+		t.Fatalf("Attempt = %v, want nil (queued) or ErrJournalCorrupt", err)
+	}
+	if _, err := s.Get(t.Context(), "key-050"); !errors.Is(err, idem.ErrJournalCorrupt) {
+		t.Fatalf("Get = %v, want ErrJournalCorrupt", err)
+	}
+}
+
+func TestBoltStoreFinishSurvivesFullDisk(t *testing.T) {
+	// Finish marks ride the next commit. When that commit fails (the disk
+	// is full), the marks are kept and written by a later commit: an
+	// operation whose caller got its response never stays pending.
+	dir := t.TempDir()
+	mount(t, "tmpfs", dir, "tmpfs", 0, "size=2m")
+	path := filepath.Join(dir, "journal.db")
+	var mu sync.Mutex
+	var reported []error
+	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{OnWriteError: func(err error) {
+		mu.Lock()
+		reported = append(reported, err)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	var keys []string
+	for i := range 20 {
+		op := newOp(fmt.Sprintf("key-%02d", i))
+		mustReserve(t, s, op)
+		keys = append(keys, op.Key)
+	}
+	// Fill the file system.
+	filler := filepath.Join(dir, "filler")
+	ff, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64*1024)
+	for {
+		if _, err := ff.Write(chunk); err != nil {
+			break
+		}
+	}
+	ff.Close()
+	for _, k := range keys {
+		if err := s.Finish(ctx, k, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}); err != nil {
+			t.Fatalf("Finish(%s): %v", k, err)
+		}
+	}
+	// A reservation that needs new pages carries the marks into a commit
+	// that fails.
+	big := newOp("big")
+	big.Body = bytes.Repeat([]byte("b"), 1<<20)
+	if _, _, err := s.Reserve(ctx, big); !errors.Is(err, idem.ErrJournalWrite) {
+		t.Fatalf("Reserve on a full disk = %v, want ErrJournalWrite", err)
+	}
+	// Space again: the kept marks are written.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s2 := openBolt(t, path)
+	for _, k := range keys {
+		op, err := s2.Get(ctx, k)
+		if err != nil || op.State != idem.StateSucceeded {
+			t.Errorf("%s after the disk was full: state %v, %v; want succeeded", k, op.State, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) == 0 || !errors.Is(reported[0], idem.ErrJournalWrite) {
+		t.Fatalf("OnWriteError got %v, want the failed commit of the marks", reported)
+	}
+}
+
+func TestBoltStoreScrubsFinishedRequests(t *testing.T) {
+	const card = "4242424242424242"
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration
+	}{
+		{"while open", 10 * time.Millisecond},
+		{"at Close", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "journal.db")
+			s, err := idem.OpenBoltStore(path, &idem.BoltOptions{ScrubDelay: tc.delay})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := t.Context()
+			for i := range 30 {
+				op := newOp(fmt.Sprintf("key-%02d", i))
+				op.Body = []byte(fmt.Sprintf(`{"card":"%s","n":%d,"pad":"%s"}`, card, i, strings.Repeat("p", 40*i)))
+				mustReserve(t, s, op)
+				if err := s.Attempt(ctx, op.Key, idem.Attempt{Sent: 1, Status: 503}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pending := newOp("still-pending")
+			pending.Body = []byte(`{"card":"5555444433331111"}`)
+			mustReserve(t, s, pending)
+			has := func(s string) bool {
+				b, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return bytes.Contains(b, []byte(s))
+			}
+			if !has(card) {
+				t.Fatal("the card number is not in the journal at all: the test proves nothing")
+			}
+			for i := range 30 {
+				if err := s.Finish(ctx, fmt.Sprintf("key-%02d", i), idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s.Get(ctx, "key-00"); err != nil { // the marks are committed
+				t.Fatal(err)
+			}
+			if tc.delay > 0 {
+				// Bounded: the scrub follows the finish commit by about
+				// ScrubDelay; allow a loaded machine plenty more.
+				deadline := time.Now().Add(10 * time.Second)
+				for has(card) && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if has(card) {
+					t.Fatal("the card number of finished operations is still in the journal file 10s after they finished")
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if has(card) {
+				t.Fatal("the card number of finished operations is still in the journal file after Close")
+			}
+			if !has("5555444433331111") {
+				t.Fatal("the pending operation's body is gone from the file")
+			}
+			checkFile(t, path)
+			s2 := openBolt(t, path)
+			if op, err := s2.Get(ctx, "still-pending"); err != nil || !bytes.Equal(op.Body, pending.Body) {
+				t.Fatalf("pending operation after scrubbing: %+v, %v", op, err)
+			}
+		})
+	}
+}
+
+func TestBoltStorePendingNeverSkipsInSilence(t *testing.T) {
+	// One page at a time damaged: every pending operation is returned
+	// intact, or reported (its key with an error), or the journal as a
+	// whole is reported corrupt. None goes missing without an error, and
+	// none comes back with a damaged request.
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "journal.db")
+	s, err := idem.OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{}
+	for i := range 120 {
+		op := newOp(fmt.Sprintf("key-%03d", i))
+		op.Body = bytes.Repeat([]byte{byte('a' + i%26)}, 100+37*i)
+		mustReserve(t, s, op)
+		if i%3 == 0 {
+			if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want[op.Key] = op.Body
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages := len(orig) / 4096
+	r := mathrand.New(mathrand.NewPCG(7, 7))
+	for page := 2; page < pages; page++ {
+		for _, kind := range []string{"random", "one byte"} {
+			b := bytes.Clone(orig)
+			if kind == "random" {
+				for j := range 4096 {
+					b[page*4096+j] = byte(r.Uint32())
+				}
+			} else {
+				b[page*4096+16+r.IntN(4096-16)] ^= byte(1 + r.IntN(255))
+			}
+			p := filepath.Join(t.TempDir(), "journal.db")
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			func() {
+				s, err := idem.OpenBoltStore(p, nil)
+				if err != nil {
+					if !errors.Is(err, idem.ErrJournalCorrupt) {
+						t.Fatalf("page %d (%s): open = %v, want ErrJournalCorrupt", page, kind, err)
+					}
+					return
+				}
+				defer s.Close()
+				ops, err := s.Pending(ctx, "", 0)
+				if err != nil && !errors.Is(err, idem.ErrJournalCorrupt) && !errors.Is(err, idem.ErrRecordVersion) {
+					t.Fatalf("page %d (%s): Pending error %v is not typed", page, kind, err)
+				}
+				got := map[string]bool{}
+				for _, op := range ops {
+					got[op.Key] = true
+					if op.State == 0 {
+						if err == nil {
+							t.Fatalf("page %d (%s): %s reported unreadable without an error", page, kind, op.Key)
+						}
+						continue
+					}
+					if body, ok := want[op.Key]; ok && !bytes.Equal(op.Body, body) {
+						t.Fatalf("page %d (%s): %s returned with a damaged body", page, kind, op.Key)
+					}
+				}
+				for k := range want {
+					if !got[k] && err == nil {
+						t.Fatalf("page %d (%s): pending %s is missing and Pending reported no error", page, kind, k)
+					}
+				}
+			}()
+		}
+	}
+}
