@@ -381,7 +381,10 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 
 // seen records owner as a lease owner of this session.
 func (s *BoltStore) seen(owner string) {
-	if owner != "" {
+	if owner == "" {
+		return
+	}
+	if _, ok := s.owners.Load(owner); !ok {
 		s.owners.LoadOrStore(owner, struct{}{})
 	}
 }

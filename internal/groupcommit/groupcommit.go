@@ -67,6 +67,8 @@ type Writer[T any] struct {
 	maxRetry   time.Duration
 	recover    func(any) error
 
+	items sync.Pool // of *item[T] with a result channel, for Do
+
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when queue grows or closed is set
 	queue   []*item[T]
@@ -138,19 +140,30 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
 	}
-	it := &item[T]{fn: fn, res: make(chan error, 1)}
+	// Items of Do, with their channel, are reused: the writer is done
+	// with an item once it has sent the result.
+	it, _ := w.items.Get().(*item[T])
+	if it == nil {
+		it = &item[T]{res: make(chan error, 1)}
+	}
+	it.fn = fn
+	it.state.Store(queued)
 	if err := w.push(it); err != nil {
 		return err
 	}
+	var err error
 	select {
-	case err := <-it.res:
-		return err
+	case err = <-it.res:
 	case <-ctx.Done():
 		if it.state.CompareAndSwap(queued, cancelled) {
+			// The queue still holds it: not reusable.
 			return context.Cause(ctx)
 		}
-		return <-it.res
+		err = <-it.res
 	}
+	it.fn = nil
+	w.items.Put(it)
+	return err
 }
 
 // Go queues fn and returns at once. fn runs in the next group; its error,
