@@ -27,3 +27,10 @@ var (
 	BucketMeta    = bucketMeta
 	MetaFormatKey = metaFormatKey
 )
+
+// Len returns the number of records in m.
+func (m *MemoryStore) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.ops)
+}

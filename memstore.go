@@ -16,12 +16,28 @@ import (
 // when keys only need to survive retries within one process.
 //
 // The zero value is not usable; create one with NewMemoryStore.
+//
+// Finished records are kept until Sweep deletes them (the Client sweeps
+// once an hour), so under steady load the store holds the retention
+// window's worth of finished records, each without its request. Sweep
+// takes time in proportion to the records it deletes, not to the store.
 type MemoryStore struct {
 	mu     sync.Mutex
 	ops    map[string]*Operation
 	names  map[string]string
 	closed bool
 	now    func() time.Time
+
+	// done lists finished records in the order they finished, from
+	// doneHead on, for Sweep. An entry is stale if its record has changed
+	// since (it has a later entry, or is pending again).
+	done     []doneRef
+	doneHead int
+}
+
+type doneRef struct {
+	key     string
+	updated time.Time
 }
 
 var _ KeyStore = (*MemoryStore)(nil)
@@ -78,6 +94,7 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	}
 	rec := op // shares op.Header and op.Body, as Reserve's contract allows
 	m.ops[op.Key] = &rec
+	m.noteDone(&rec)
 	if op.Name != "" {
 		m.names[op.Name] = op.Key
 	}
@@ -170,7 +187,15 @@ func (m *MemoryStore) update(ctx context.Context, key string, fn func(*Operation
 	}
 	fn(op)
 	op.Updated = m.now()
+	m.noteDone(op)
 	return nil
+}
+
+// noteDone lists op for Sweep if it is finished. m.mu is held.
+func (m *MemoryStore) noteDone(op *Operation) {
+	if op.State.Finished() {
+		m.done = append(m.done, doneRef{op.Key, op.Updated})
+	}
 }
 
 // Pending implements KeyStore. It sorts the pending records on each call,
@@ -211,21 +236,31 @@ func (m *MemoryStore) pending(ctx context.Context, l *Lease, after string, limit
 	return out, nil
 }
 
-// Sweep implements KeyStore.
+// Sweep implements KeyStore. It takes the finished records in the order
+// they finished, up to the first one finished at or after cutoff.
 func (m *MemoryStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	if err := m.lock(ctx); err != nil {
 		return 0, err
 	}
 	defer m.mu.Unlock()
 	n := 0
-	for key, op := range m.ops {
-		if op.State.Finished() && op.Updated.Before(cutoff) {
-			delete(m.ops, key)
-			if op.Name != "" && m.names[op.Name] == key {
-				delete(m.names, op.Name)
-			}
-			n++
+	for m.doneHead < len(m.done) && m.done[m.doneHead].updated.Before(cutoff) {
+		d := m.done[m.doneHead]
+		m.done[m.doneHead] = doneRef{}
+		m.doneHead++
+		op, ok := m.ops[d.key]
+		if !ok || !op.State.Finished() || !op.Updated.Equal(d.updated) {
+			continue // stale: swept already, pending again, or changed since
 		}
+		delete(m.ops, d.key)
+		if op.Name != "" && m.names[op.Name] == d.key {
+			delete(m.names, op.Name)
+		}
+		n++
+	}
+	if m.doneHead > len(m.done)/2 {
+		m.done = append(m.done[:0:0], m.done[m.doneHead:]...)
+		m.doneHead = 0
 	}
 	return n, nil
 }
