@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemgo/idem"
+	bolt "go.etcd.io/bbolt"
 )
 
 // BenchmarkJournal measures durable Reserve+Finish round trips (what one
@@ -73,4 +74,33 @@ func BenchmarkJournal(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkBoltPut is the floor of a durable write on this disk: one bbolt
+// Update (one commit, two fdatasyncs) putting one 200-byte value under a
+// UUIDv7 key, one at a time. idem-bbolt at 1 in flight pays one such
+// commit per request. Run it with the journal benchmarks, on the same
+// file system (TMPDIR):
+//
+//	go test -run '^$' -bench 'BoltPut|Journal/store=group/callers=1$' -benchtime 3s .
+func BenchmarkBoltPut(b *testing.B) {
+	db, err := bolt.Open(filepath.Join(b.TempDir(), "put.db"), 0o600, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	name := []byte("ops")
+	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket(name); return err }); err != nil {
+		b.Fatal(err)
+	}
+	val := make([]byte, 200)
+	b.ReportAllocs()
+	for b.Loop() {
+		key := []byte(uuid.Must(uuid.NewV7()).String())
+		err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(name).Put(key, val) })
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
