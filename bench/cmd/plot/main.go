@@ -1,7 +1,8 @@
 // Command plot reads `go test -bench BenchmarkPeers` output on stdin and
 // writes a PNG of requests per second against requests in flight, one line
-// per library, one panel per server mode (ok, fail10). It uses only the
-// standard library.
+// per library, one panel per server mode (ok, fail10). Both axes are
+// logarithmic: idem-bbolt at one in flight is an order of magnitude below
+// the others. Drawn with gonum.org/v1/plot.
 //
 //	go run ./cmd/plot -o out/peers.png < out/peers.txt
 package main
@@ -10,17 +11,20 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
 	"io"
 	"log"
-	"math"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // point is one benchmark result.
@@ -56,144 +60,137 @@ func parse(r io.Reader) ([]point, error) {
 	return pts, sc.Err()
 }
 
-var palette = []color.RGBA{
-	{0x77, 0x77, 0x77, 0xff}, // grey
-	{0x1f, 0x77, 0xb4, 0xff}, // blue
-	{0x2c, 0xa0, 0x2c, 0xff}, // green
-	{0xd6, 0x27, 0x28, 0xff}, // red
-	{0xff, 0x7f, 0x0e, 0xff}, // orange
-	{0x94, 0x67, 0xbd, 0xff}, // purple
+// styles gives each library a colour and dash pattern that stay the same
+// in every panel; idem's lines are solid and thicker.
+var styles = map[string]struct {
+	c    color.RGBA
+	dash []vg.Length
+}{
+	"nethttp":       {color.RGBA{0x66, 0x66, 0x66, 0xff}, []vg.Length{vg.Points(2), vg.Points(2)}},
+	"retryablehttp": {color.RGBA{0x1f, 0x77, 0xb4, 0xff}, []vg.Length{vg.Points(6), vg.Points(2)}},
+	"failsafehttp":  {color.RGBA{0x2c, 0xa0, 0x2c, 0xff}, []vg.Length{vg.Points(6), vg.Points(2), vg.Points(2), vg.Points(2)}},
+	"idem-memory":   {color.RGBA{0xff, 0x7f, 0x0e, 0xff}, nil},
+	"idem-bbolt":    {color.RGBA{0xd6, 0x27, 0x28, 0xff}, nil},
 }
 
-type canvas struct{ *image.RGBA }
+var titles = map[string]string{
+	"ok":     "server always 200",
+	"fail10": "10% of attempts answered 503",
+}
 
-func (c canvas) rect(x0, y0, x1, y1 int, col color.Color) {
-	for y := y0; y <= y1; y++ {
-		for x := x0; x <= x1; x++ {
-			c.Set(x, y, col)
+func panel(mode string, pts []point, libs []string) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "keyed POSTs, " + titles[mode]
+	if p.Title.Text == "keyed POSTs, " {
+		p.Title.Text = mode
+	}
+	p.Title.TextStyle.Font.Size = vg.Points(13)
+	p.X.Label.Text = "requests in flight"
+	p.Y.Label.Text = "requests per second"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.Y.Tick.Marker = rpsTicks{}
+	var xs []plot.Tick
+	for _, pt := range pts {
+		if pt.mode == mode && !slices.ContainsFunc(xs, func(t plot.Tick) bool { return t.Value == float64(pt.inflight) }) {
+			xs = append(xs, plot.Tick{Value: float64(pt.inflight), Label: strconv.Itoa(pt.inflight)})
 		}
 	}
-}
-
-// line draws a line of the given thickness.
-func (c canvas) line(x0, y0, x1, y1 float64, w int, col color.Color) {
-	steps := int(math.Max(math.Abs(x1-x0), math.Abs(y1-y0))) + 1
-	for i := 0; i <= steps; i++ {
-		t := float64(i) / float64(steps)
-		x, y := int(x0+(x1-x0)*t), int(y0+(y1-y0)*t)
-		c.rect(x-w/2, y-w/2, x+w/2, y+w/2, col)
-	}
-}
-
-// text writes s with its top-left corner at (x, y), scale pixels a dot.
-func (c canvas) text(x, y int, s string, scale int, col color.Color) {
-	for _, r := range strings.ToLower(s) {
-		g, ok := font3x5[r]
-		if !ok {
-			g = font3x5[' ']
-		}
-		for i, p := range g {
-			if p == '#' {
-				px, py := x+(i%3)*scale, y+(i/3)*scale
-				c.rect(px, py, px+scale-1, py+scale-1, col)
+	p.X.Tick.Marker = plot.ConstantTicks(xs)
+	p.Add(plotter.NewGrid())
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(-8), vg.Points(8)
+	p.Legend.Padding = vg.Points(2)
+	p.Legend.TextStyle.Font.Size = vg.Points(10)
+	for _, lib := range libs {
+		var xy plotter.XYs
+		for _, pt := range pts {
+			if pt.mode == mode && pt.lib == lib {
+				xy = append(xy, plotter.XY{X: float64(pt.inflight), Y: pt.rps})
 			}
 		}
-		x += 4 * scale
+		if len(xy) == 0 {
+			continue
+		}
+		slices.SortFunc(xy, func(a, b plotter.XY) int { return int(a.X - b.X) })
+		l, s, err := plotter.NewLinePoints(xy)
+		if err != nil {
+			return nil, err
+		}
+		st := styles[lib]
+		if st.c == (color.RGBA{}) {
+			st.c = color.RGBA{0x94, 0x67, 0xbd, 0xff}
+		}
+		l.Color, l.Dashes, l.Width = st.c, st.dash, vg.Points(1.5)
+		if strings.HasPrefix(lib, "idem") {
+			l.Width = vg.Points(2.5)
+		}
+		s.Color, s.Shape, s.Radius = st.c, draw.CircleGlyph{}, vg.Points(3)
+		p.Add(l, s)
+		p.Legend.Add(lib, l, s)
 	}
+	return p, nil
 }
 
-func textWidth(s string, scale int) int { return len(s) * 4 * scale }
+// rpsTicks labels 1, 2 and 5 times each power of ten, so that a log axis
+// spanning one decade still reads.
+type rpsTicks struct{}
+
+func (rpsTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for p := 1.0; p <= hi*10; p *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * p
+			if v >= lo && v <= hi {
+				ts = append(ts, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+			}
+		}
+		for m := 1.0; m < 10; m++ { // unlabelled minor ticks
+			if v := m * p; v >= lo && v <= hi && m != 1 && m != 2 && m != 5 {
+				ts = append(ts, plot.Tick{Value: v})
+			}
+		}
+	}
+	return ts
+}
 
 func main() {
-	out := flag.String("o", "peers.png", "PNG to write")
+	out := flag.String("o", "peers.png", "output PNG file")
 	flag.Parse()
 	pts, err := parse(os.Stdin)
 	if err != nil {
 		log.Fatal(err)
 	}
 	if len(pts) == 0 {
-		log.Fatal("plot: no BenchmarkPeers lines with req/s on stdin")
+		log.Fatal("no BenchmarkPeers lines with req/s on stdin")
 	}
 	var modes, libs []string
-	var ymax float64
-	for _, p := range pts {
-		if !slices.Contains(modes, p.mode) {
-			modes = append(modes, p.mode)
+	for _, pt := range pts {
+		if !slices.Contains(modes, pt.mode) {
+			modes = append(modes, pt.mode)
 		}
-		if !slices.Contains(libs, p.lib) {
-			libs = append(libs, p.lib)
-		}
-		ymax = max(ymax, p.rps)
-	}
-	step := math.Pow(10, math.Floor(math.Log10(ymax)))
-	if ymax/step < 3 {
-		step /= 2
-	}
-	ymax = math.Ceil(ymax/step) * step
-
-	const panelW, panelH, margin, scale = 460, 380, 70, 2
-	W, H := margin+len(modes)*(panelW+margin), panelH+2*margin+30*(len(libs)+1)
-	c := canvas{image.NewRGBA(image.Rect(0, 0, W, H))}
-	c.rect(0, 0, W-1, H-1, color.White)
-	black, light := color.RGBA{0, 0, 0, 0xff}, color.RGBA{0xdd, 0xdd, 0xdd, 0xff}
-	xs := []int{1, 32, 128}
-	xpos := func(n int) float64 { return math.Log2(float64(n)) / 7 } // 1..128 on log2
-
-	for mi, mode := range modes {
-		left, top := margin+mi*(panelW+margin), margin
-		bottom, right := top+panelH, left+panelW
-		title := "req/s vs in flight - " + mode
-		if mode == "fail10" {
-			title += " (10% 503)"
-		}
-		c.text(left+(panelW-textWidth(title, scale))/2, top-30, title, scale, black)
-		for v := 0.0; v <= ymax+step/2; v += step {
-			y := float64(bottom) - v/ymax*float64(panelH)
-			c.line(float64(left), y, float64(right), y, 1, light)
-			lbl := strconv.Itoa(int(v))
-			c.text(left-8-textWidth(lbl, scale), int(y)-5, lbl, scale, black)
-		}
-		for _, n := range xs {
-			x := float64(left) + xpos(n)*float64(panelW)
-			c.line(x, float64(top), x, float64(bottom), 1, light)
-			lbl := strconv.Itoa(n)
-			c.text(int(x)-textWidth(lbl, scale)/2, bottom+8, lbl, scale, black)
-		}
-		c.text(left+(panelW-textWidth("requests in flight", scale))/2, bottom+26, "requests in flight", scale, black)
-		c.line(float64(left), float64(top), float64(left), float64(bottom), 2, black)
-		c.line(float64(left), float64(bottom), float64(right), float64(bottom), 2, black)
-		for li, lib := range libs {
-			col := palette[li%len(palette)]
-			var line []point
-			for _, p := range pts {
-				if p.mode == mode && p.lib == lib {
-					line = append(line, p)
-				}
-			}
-			slices.SortFunc(line, func(a, b point) int { return a.inflight - b.inflight })
-			for i, p := range line {
-				x := float64(left) + xpos(p.inflight)*float64(panelW)
-				y := float64(bottom) - p.rps/ymax*float64(panelH)
-				c.rect(int(x)-4, int(y)-4, int(x)+4, int(y)+4, col)
-				if i > 0 {
-					q := line[i-1]
-					c.line(float64(left)+xpos(q.inflight)*float64(panelW), float64(bottom)-q.rps/ymax*float64(panelH), x, y, 3, col)
-				}
-			}
+		if !slices.Contains(libs, pt.lib) {
+			libs = append(libs, pt.lib)
 		}
 	}
-	cols := max(1, (W-margin)/260)
-	for li, lib := range libs {
-		x := margin + (li%cols)*260
-		y := panelH + margin + 50 + (li/cols)*30
-		c.rect(x, y, x+24, y+10, palette[li%len(palette)])
-		c.text(x+34, y, lib, scale, black)
+	row := make([]*plot.Plot, len(modes))
+	for i, m := range modes {
+		if row[i], err = panel(m, pts, libs); err != nil {
+			log.Fatal(err)
+		}
+	}
+	w, h := vg.Points(float64(520*len(modes))), vg.Points(440)
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 1, Cols: len(modes), PadX: vg.Points(24), PadTop: vg.Points(8), PadBottom: vg.Points(8), PadLeft: vg.Points(8), PadRight: vg.Points(16)}
+	canvases := plot.Align([][]*plot.Plot{row}, tiles, dc)
+	for i, p := range row {
+		p.Draw(canvases[0][i])
 	}
 	f, err := os.Create(*out)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := png.Encode(f, c); err != nil {
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
 		log.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
