@@ -641,12 +641,47 @@ func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Ope
 	return out, errors.Join(errs...)
 }
 
-// Claim implements KeyStore. It returns once the leases are durable.
+// Claim implements KeyStore. It returns once the leases are durable. It
+// looks for candidates in a read transaction, so that walking the journal
+// does not hold up the writer, and then leases, in one commit, those that
+// are still pending and free.
 func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
 	s.seen(l.Owner)
+	for {
+		var cands []string
+		full := false
+		err := s.f.view(func(tx *bolt.Tx) error {
+			cands, full = cands[:0], false
+			return walkPending(tx, after, func(op Operation, err error) bool {
+				if err != nil || !s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)) {
+					cands = append(cands, op.Key)
+				}
+				full = limit > 0 && len(cands) >= limit
+				return !full
+			})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		if len(cands) == 0 {
+			return nil, nil
+		}
+		out, err := s.lease(ctx, l, cands)
+		if err != nil || len(out) > 0 || !full {
+			return out, err
+		}
+		// Every candidate was taken meanwhile; look further.
+		after = cands[len(cands)-1]
+	}
+}
+
+// lease leases to l.Owner, in one commit, each record of keys that is still
+// pending and free at l.At, and returns those with the records it cannot
+// read (Key only, errors joined).
+func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operation, error) {
 	var (
 		out  []Operation
 		errs []error
@@ -657,29 +692,25 @@ func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int)
 		if err != nil {
 			return err
 		}
-		err = walkPending(tx, after, func(op Operation, err error) bool {
-			if err != nil {
-				errs = append(errs, err)
-				out = append(out, op)
-			} else if !s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)) {
-				out = append(out, op)
-			}
-			return limit <= 0 || len(out) < limit
-		})
-		if err != nil {
-			return err
-		}
-		for i := range out {
-			op := &out[i]
-			if op.State != StatePending {
+		for _, key := range keys {
+			op, err := loadOp(ops, key)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				continue
+			case err != nil:
+				errs = append(errs, fmt.Errorf("pending %w", err))
+				out = append(out, Operation{Key: key})
+				continue
+			case op.State != StatePending || s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)):
 				continue
 			}
 			op.Owner, op.LeaseUntil = l.Owner, l.Until
-			r := toRecord(op)
+			r := toRecord(&op)
 			k, v := encodeKV(op.Key, &r)
 			if err := ops.Put(k, v); err != nil {
 				return err
 			}
+			out = append(out, op)
 		}
 		return nil
 	})
