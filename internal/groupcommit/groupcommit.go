@@ -269,6 +269,7 @@ func (w *Writer[T]) loop() {
 				w.urgent--
 			}
 		}
+		closing := w.closed // this group is Close's last attempt
 		group = append(group[:0], w.queue[:n]...)
 		clear(w.queue[:n])
 		w.queue = w.queue[n:]
@@ -283,7 +284,7 @@ func (w *Writer[T]) loop() {
 		w.mu.Lock()
 		w.done += uint64(n - len(kept))
 		if len(kept) > 0 {
-			if w.closed {
+			if closing {
 				// Close makes one last attempt; after it, nothing is left
 				// to retry with.
 				w.lost = fmt.Errorf("%d changes: %w", len(kept), err)
