@@ -134,7 +134,69 @@ func openFile(path string, timeout time.Duration) (*boltFile, error) {
 		_ = f.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
+	if compacted, err := f.compactIfMostlyFree(); err != nil {
+		_ = f.release()
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
+	} else if compacted {
+		if err := f.open(timeout); err != nil {
+			return nil, fmt.Errorf("open journal %s after compacting it: %w", path, err)
+		}
+	}
 	return f, nil
+}
+
+// Compaction at Open: a journal of at least compactMinSize bytes of which
+// more than compactFreeRatio is free pages (after a burst of traffic that
+// retention has since swept) is rewritten into a new file that replaces it.
+const (
+	compactMinSize   = 16 << 20
+	compactFreeRatio = 0.5
+)
+
+// compactIfMostlyFree rewrites a mostly free journal into a new file,
+// renames that over the journal and reports whether it did; f is then
+// released and must be opened again. A crash leaves either the old file
+// or the complete new one under the journal's name (and perhaps a
+// leftover ".compact" file, removed by the next compaction).
+func (f *boltFile) compactIfMostlyFree() (bool, error) {
+	st := f.db.Stats()
+	ps := int64(f.db.Info().PageSize)
+	size := f.id.Size()
+	if size < compactMinSize || float64(int64(st.FreePageN+st.PendingPageN)*ps) <= compactFreeRatio*float64(size) {
+		return false, nil
+	}
+	tmp := f.path + ".compact"
+	_ = os.Remove(tmp)
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return false, fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+	}
+	err = f.guarded(func() error { return bolt.Compact(dst, f.db, 16<<20) })
+	if err == nil {
+		if err = dst.Sync(); err != nil {
+			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+		}
+	}
+	if cerr := dst.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, cerr)
+	}
+	if err == nil {
+		if err = os.Rename(tmp, f.path); err != nil {
+			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+		}
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return false, err
+	}
+	if d, err := os.Open(filepath.Dir(f.path)); err == nil {
+		_ = d.Sync() // make the rename durable
+		_ = d.Close()
+	}
+	if err := f.release(); err != nil {
+		return true, fmt.Errorf("%w: closing the journal before compacting: %w", ErrJournalWrite, err)
+	}
+	return true, nil
 }
 
 // open opens the bbolt file and maps its errors to idem's sentinels. A
