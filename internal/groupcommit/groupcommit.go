@@ -69,6 +69,13 @@ type Writer[T any] struct {
 
 	items sync.Pool // of *item[T] with a result channel, for Do
 
+	// Used by the writer goroutine only, for the group it runs.
+	live      []*item[T]
+	running   []*item[T]
+	failed    int
+	failErrFn error
+	runFn     func(T) error // w.runGroup
+
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when queue grows or closed is set
 	queue   []*item[T]
@@ -80,7 +87,7 @@ type Writer[T any] struct {
 	timerN  uint64        // counts timers started or stopped; a stale one is ignored
 	enq     uint64        // functions ever queued
 	done    uint64        // functions ever finished, in queue order
-	flushed chan struct{} // closed and replaced after every group
+	flushed chan struct{} // closed after the next group; nil until a Sync waits
 	exited  chan struct{}
 	failErr error  // error of the last failed commit that kept functions queued
 	fails   int    // commits failed in a row
@@ -113,7 +120,6 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 		maxGroup:   o.MaxGroup,
 		onAsync:    o.OnAsyncError,
 		asyncDelay: o.AsyncDelay,
-		flushed:    make(chan struct{}),
 		exited:     make(chan struct{}),
 	}
 	if w.maxGroup <= 0 {
@@ -127,6 +133,7 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 	if w.maxRetry <= 0 {
 		w.maxRetry = time.Second
 	}
+	w.runFn = w.runGroup
 	w.cond = sync.NewCond(&w.mu)
 	go w.loop()
 	return w
@@ -192,6 +199,9 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 		}()
 	}
 	for w.done < target {
+		if w.flushed == nil {
+			w.flushed = make(chan struct{})
+		}
 		ch := w.flushed
 		w.mu.Unlock()
 		select {
@@ -296,8 +306,10 @@ func (w *Writer[T]) loop() {
 		} else if err == nil {
 			w.fails = 0
 		}
-		close(w.flushed)
-		w.flushed = make(chan struct{})
+		if w.flushed != nil {
+			close(w.flushed)
+			w.flushed = nil
+		}
 		w.mu.Unlock()
 	}
 }
@@ -341,23 +353,18 @@ func (w *Writer[T]) ready() bool {
 // the commit fails, it returns the functions queued by Go, to be kept, and
 // the error.
 func (w *Writer[T]) run(group []*item[T]) (kept []*item[T], err error) {
-	live := group[:0:0]
+	live := w.live[:0]
 	for _, it := range group {
 		if it.res == nil || it.state.CompareAndSwap(queued, taken) {
 			live = append(live, it)
 		}
 	}
+	defer func() { clear(live); w.live = live[:0] }()
 	for len(live) > 0 {
-		failed, ferr := -1, error(nil)
-		err := w.safeUpdate(func(tx T) error {
-			for i, it := range live {
-				if err := w.call(it.fn, tx); err != nil {
-					failed, ferr = i, err
-					return errRerun
-				}
-			}
-			return nil
-		})
+		w.running, w.failed, w.failErrFn = live, -1, nil
+		err := w.safeUpdate(w.runFn)
+		failed, ferr := w.failed, w.failErrFn
+		w.running, w.failErrFn = nil, nil
 		if failed >= 0 {
 			w.finish(live[failed], ferr)
 			live = append(live[:failed], live[failed+1:]...)
@@ -382,6 +389,20 @@ func (w *Writer[T]) run(group []*item[T]) (kept []*item[T], err error) {
 		return nil, nil
 	}
 	return nil, nil
+}
+
+// runGroup runs the functions of w.running in tx, stopping at the first
+// that fails (recorded in w.failed and w.failErrFn). It is the transaction
+// function of every commit, kept as one method value so that a commit
+// allocates no closure.
+func (w *Writer[T]) runGroup(tx T) error {
+	for i, it := range w.running {
+		if err := w.call(it.fn, tx); err != nil {
+			w.failed, w.failErrFn = i, err
+			return errRerun
+		}
+	}
+	return nil
 }
 
 func (w *Writer[T]) safeUpdate(fn func(T) error) (err error) {

@@ -457,3 +457,47 @@ func TestAsyncCommittedAfterDelay(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// BenchmarkHandoff measures what the writer itself costs a caller: Do of
+// a function that does nothing, into a commit that does nothing, from 1
+// and 32 goroutines, and Go (the asynchronous handoff) alongside Do.
+func BenchmarkHandoff(b *testing.B) {
+	noop := func(*fakeTx) error { return nil }
+	update := func(fn func(*fakeTx) error) error { return fn(&fakeTx{}) }
+	for _, par := range []int{1, 32} {
+		b.Run(fmt.Sprintf("Do/goroutines=%d", par), func(b *testing.B) {
+			w := New(update, Options{})
+			defer w.Close()
+			b.ReportAllocs()
+			b.SetParallelism(par)
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					if err := w.Do(ctx, noop); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+		b.Run(fmt.Sprintf("DoGo/goroutines=%d", par), func(b *testing.B) {
+			w := New(update, Options{})
+			defer w.Close()
+			b.ReportAllocs()
+			b.SetParallelism(par)
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					if err := w.Do(ctx, noop); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := w.Go(noop); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
