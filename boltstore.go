@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
@@ -276,27 +277,26 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 	return fromRecord(key, &r), nil
 }
 
-// loadHead returns the record for key without its request, and the raw
-// request section (valid inside tx only), or ErrNotFound.
-func loadHead(ops *bolt.Bucket, key string, r *codec.Record) (req []byte, err error) {
-	v := ops.Get([]byte(key))
+// change rewrites the record for key in one new buffer: it reads the
+// record's head (aliasing tx memory, so r must not outlive the call) and
+// its raw request section, lets fn change them, and puts the result. fn
+// returns the request section to keep (req, or nil to drop it), or an
+// error that leaves the record as it was.
+func change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	v := ops.Get(unsafe.Slice(unsafe.StringData(key), len(key)))
 	if v == nil {
-		return nil, fmt.Errorf("%q: %w", key, ErrNotFound)
+		return fmt.Errorf("%q: %w", key, ErrNotFound)
 	}
-	req, err = codec.DecodeHead(v, r)
+	var r codec.Record
+	req, err := codec.DecodeHeadAlias(v, &r)
 	if err != nil {
-		return nil, codecErr(key, err)
+		return codecErr(key, err)
 	}
-	return req, nil
-}
-
-// putRaw stores r under key with req as its request section, in one new
-// buffer: bbolt keeps the key and value until the commit.
-func putRaw(ops *bolt.Bucket, key string, r *codec.Record, req []byte) error {
-	buf := make([]byte, len(key), len(key)+codec.HeadSize(r)+max(len(req), 1))
-	copy(buf, key)
-	buf = codec.AppendWithRequest(buf, r, req)
-	return ops.Put(buf[:len(key)], buf[len(key):])
+	if req, err = fn(&r, req); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, codec.HeadSize(&r)+max(len(req), 1))
+	return ops.Put(unsafe.Slice(unsafe.StringData(key), len(key)), codec.AppendWithRequest(buf, &r, req))
 }
 
 // encodeKV encodes r under key in one buffer and returns key and value.
@@ -320,55 +320,17 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 		op.Header, op.Body = nil, nil
 	}
 	s.seen(op.Owner)
-	rec := toRecord(&op)
-	key, val := encodeKV(op.Key, &rec)
-
-	var (
-		existing Operation
-		created  bool
-	)
-	err := s.write(ctx, func(tx *bolt.Tx) error {
-		created = false
-		ops, err := opsOf(tx)
-		if err != nil {
-			return err
-		}
-		var names *bolt.Bucket
-		if op.Name != "" {
-			if names, err = namesOf(tx); err != nil {
-				return err
-			}
-			if k := names.Get([]byte(op.Name)); k != nil {
-				existing, err = loadOp(ops, string(k))
-				if errors.Is(err, ErrNotFound) {
-					err = fmt.Errorf("%w: name %q points to missing record %s", ErrJournalCorrupt, op.Name, k)
-				}
-				return err
-			}
-		}
-		if ops.Get(key) != nil {
-			existing, err = loadOp(ops, op.Key)
-			return err
-		}
-		if err := ops.Put(key, val); err != nil {
-			return err
-		}
-		if names != nil {
-			if err := names.Put([]byte(op.Name), key); err != nil {
-				return err
-			}
-		}
-		created = true
-		return nil
-	})
-	if err != nil {
+	rv := &reservation{s: s, op: op}
+	rec := toRecord(&rv.op)
+	rv.key, rv.val = encodeKV(op.Key, &rec)
+	if err := s.write(ctx, rv.run); err != nil {
 		return Operation{}, false, fmt.Errorf("reserve %s: %w", op.Key, err)
 	}
-	if !created {
-		if existing.State == StatePending {
-			s.setLive(existing.Key)
+	if !rv.created {
+		if rv.existing.State == StatePending {
+			s.setLive(rv.existing.Key)
 		}
-		return existing, false, nil
+		return rv.existing, false, nil
 	}
 	if op.State == StatePending {
 		s.setLive(op.Key)
@@ -377,6 +339,50 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	// contract allows; times are rounded as the journal keeps them.
 	op.Created, op.Updated = fromNanos(rec.Created), fromNanos(rec.Updated)
 	return op, true, nil
+}
+
+// reservation is one Reserve's change and its result, in one allocation.
+type reservation struct {
+	s        *BoltStore
+	op       Operation
+	key, val []byte // the encoded record, in one buffer
+	existing Operation
+	created  bool
+}
+
+func (rv *reservation) run(tx *bolt.Tx) error {
+	rv.created = false
+	ops, err := opsOf(tx)
+	if err != nil {
+		return err
+	}
+	var names *bolt.Bucket
+	if rv.op.Name != "" {
+		if names, err = namesOf(tx); err != nil {
+			return err
+		}
+		if k := names.Get([]byte(rv.op.Name)); k != nil {
+			rv.existing, err = loadOp(ops, string(k))
+			if errors.Is(err, ErrNotFound) {
+				err = fmt.Errorf("%w: name %q points to missing record %s", ErrJournalCorrupt, rv.op.Name, k)
+			}
+			return err
+		}
+	}
+	if ops.Get(rv.key) != nil {
+		rv.existing, err = loadOp(ops, rv.op.Key)
+		return err
+	}
+	if err := ops.Put(rv.key, rv.val); err != nil {
+		return err
+	}
+	if names != nil {
+		if err := names.Put([]byte(rv.op.Name), rv.key); err != nil {
+			return err
+		}
+	}
+	rv.created = true
+	return nil
 }
 
 // seen records owner as a lease owner of this session.
@@ -413,21 +419,19 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 		if err != nil {
 			return err
 		}
-		var r codec.Record
-		req, err := loadHead(ops, key, &r)
+		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			pending := State(r.State) == StatePending
+			if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
+				return nil, fmt.Errorf("leased to %q: %w", r.Owner, ErrInProgress)
+			}
+			r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
+			if !pending {
+				r.State = uint8(StatePending)
+				req = codec.AppendRequest(nil, header, body)
+			}
+			return req, nil
+		})
 		if err != nil {
-			return err
-		}
-		pending := State(r.State) == StatePending
-		if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
-			return fmt.Errorf("leased to %q: %w", r.Owner, ErrInProgress)
-		}
-		r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
-		if !pending {
-			r.State = uint8(StatePending)
-			req = codec.AppendRequest(nil, header, body)
-		}
-		if err := putRaw(ops, key, &r, req); err != nil {
 			return err
 		}
 		op, err = loadOp(ops, key)
@@ -450,16 +454,13 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 		if err != nil {
 			return err
 		}
-		var r codec.Record
-		req, err := loadHead(ops, key, &r)
-		if err != nil {
-			return err
-		}
-		if State(r.State) != StatePending || r.Owner != l.Owner {
-			return ErrLeaseLost
-		}
-		r.LeaseUntil = toNanos(l.Until)
-		return putRaw(ops, key, &r, req)
+		return change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			if State(r.State) != StatePending || r.Owner != l.Owner {
+				return nil, ErrLeaseLost
+			}
+			r.LeaseUntil = toNanos(l.Until)
+			return req, nil
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("renew %q: %w", key, err)
@@ -532,15 +533,16 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 		if err != nil {
 			return err
 		}
-		var r codec.Record
-		req, err := loadHead(ops, key, &r)
+		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			r.Attempts += int64(max(a.Sent, 0))
+			r.LastStatus, r.LastError = int64(a.Status), a.Err
+			r.Updated = now
+			return req, nil
+		})
 		if err != nil {
 			return fmt.Errorf("attempt: %w", err)
 		}
-		r.Attempts += int64(max(a.Sent, 0))
-		r.LastStatus, r.LastError = int64(a.Status), a.Err
-		r.Updated = now
-		return putRaw(ops, key, &r, req)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("attempt %q: %w", key, err)
@@ -568,21 +570,22 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 		if err != nil {
 			return err
 		}
-		var r codec.Record
-		req, err := loadHead(ops, key, &r)
+		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			r.State = uint8(o.State)
+			r.Attempts += int64(max(o.Sent, 0))
+			r.LastStatus, r.LastError = int64(o.Status), o.Err
+			r.LeaseUntil = 0
+			r.URL = withoutQuery(r.URL)
+			r.Updated = now
+			if len(req) > 1 {
+				s.f.noteDrop(tx)
+			}
+			return nil, nil
+		})
 		if err != nil {
 			return fmt.Errorf("finish: %w", err)
 		}
-		r.State = uint8(o.State)
-		r.Attempts += int64(max(o.Sent, 0))
-		r.LastStatus, r.LastError = int64(o.Status), o.Err
-		r.LeaseUntil = 0
-		r.URL = withoutQuery(r.URL)
-		r.Updated = now
-		if len(req) > 1 {
-			s.f.noteDrop(tx)
-		}
-		return putRaw(ops, key, &r, nil)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("finish %q: %w", key, err)

@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"unsafe"
 )
 
 // Version is the record version Append writes.
@@ -223,6 +224,18 @@ func Decode(b []byte, r *Record) error {
 // r.Body are set to nil, and req is that section, a sub-slice of b for
 // AppendWithRequest. Like Decode, it verifies the checksum of all of b.
 func DecodeHead(b []byte, r *Record) (req []byte, err error) {
+	return decodeHead(b, r, false)
+}
+
+// DecodeHeadAlias is DecodeHead without a copy: r's strings refer to b,
+// so r must not be used once b may change (for bbolt, after the
+// transaction, or after a write to the bucket). It suits a change that
+// rewrites the record at once.
+func DecodeHeadAlias(b []byte, r *Record) (req []byte, err error) {
+	return decodeHead(b, r, true)
+}
+
+func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 	if _, err := Check(b); err != nil {
 		return nil, err
 	}
@@ -264,7 +277,14 @@ func DecodeHead(b []byte, r *Record) (req []byte, err error) {
 	if d.err != nil {
 		return nil, d.err
 	}
-	s := string(b[start:d.off])
+	var s string
+	if alias {
+		if d.off > start {
+			s = unsafe.String(&b[start], d.off-start)
+		}
+	} else {
+		s = string(b[start:d.off])
+	}
 	str := func(i int) string { return s[spans[i][0]:spans[i][1]] }
 	r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner = str(0), str(1), str(2), str(3), str(4), str(5)
 	r.Header, r.Body = nil, nil

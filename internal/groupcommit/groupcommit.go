@@ -67,7 +67,8 @@ type Writer[T any] struct {
 	maxRetry   time.Duration
 	recover    func(any) error
 
-	items sync.Pool // of *item[T] with a result channel, for Do
+	items   sync.Pool // of *item[T] with a result channel, for Do
+	goItems sync.Pool // of *item[T] without, for Go; the writer returns them
 
 	// Used by the writer goroutine only, for the group it runs.
 	live      []*item[T]
@@ -176,7 +177,17 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 // Go queues fn and returns at once. fn runs in the next group; its error,
 // or that group's commit error, goes to Options.OnAsyncError.
 func (w *Writer[T]) Go(fn func(T) error) error {
-	return w.push(&item[T]{fn: fn})
+	it, _ := w.goItems.Get().(*item[T])
+	if it == nil {
+		it = &item[T]{}
+	}
+	it.fn = fn
+	if err := w.push(it); err != nil {
+		it.fn = nil
+		w.goItems.Put(it)
+		return err
+	}
+	return nil
 }
 
 // Sync waits until every function queued before it was called has run and
@@ -435,4 +446,7 @@ func (w *Writer[T]) finish(it *item[T], err error) {
 	if err != nil && w.onAsync != nil {
 		w.onAsync(err)
 	}
+	// Nobody else holds an item of Go once it is finished.
+	it.fn = nil
+	w.goItems.Put(it)
 }
