@@ -225,6 +225,43 @@ func fromNanos(ns int64) time.Time {
 const (
 	flagRedacted     = 1 << 0
 	flagUnreplayable = 1 << 1
+	// flagBodyApart: the body is not in the record but under the
+	// record's key followed by a NUL byte (bodyKey), right after it in
+	// the same B+tree. Keys are visible ASCII, so no key ends in NUL.
+	flagBodyApart = 1 << 2
+)
+
+// bodyApart is the body size from which a body is stored apart from its
+// record: a large body is then put as it is, where inline it would be
+// copied into the record first.
+const bodyApart = 32 << 10
+
+// bodyKey returns the key under which the body of the record under key is
+// stored apart.
+func bodyKey(key string) []byte {
+	k := make([]byte, len(key)+1)
+	copy(k, key)
+	return k
+}
+
+// isBodyKey reports whether k is a body stored apart, not a record.
+func isBodyKey(k []byte) bool { return len(k) > 0 && k[len(k)-1] == 0 }
+
+// loadBody sets op.Body from the body stored apart if r says so.
+func loadBody(ops *bolt.Bucket, r *codec.Record, op *Operation) error {
+	if r.Flags&flagBodyApart == 0 {
+		return nil
+	}
+	v := ops.Get(bodyKey(op.Key))
+	if v == nil {
+		return fmt.Errorf("record %q: %w: its body is missing", op.Key, ErrJournalCorrupt)
+	}
+	op.Body = bytes.Clone(v)
+	return nil
+}
+
+const (
+	_ = 0
 )
 
 func toRecord(op *Operation) codec.Record {
@@ -274,7 +311,8 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 	if err := codec.Decode(v, &r); err != nil {
 		return Operation{}, codecErr(key, err)
 	}
-	return fromRecord(key, &r), nil
+	op := fromRecord(key, &r)
+	return op, loadBody(ops, &r, &op)
 }
 
 // change rewrites the record for key in one new buffer: it reads the
@@ -322,6 +360,10 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	s.seen(op.Owner)
 	rv := &reservation{s: s, op: op}
 	rec := toRecord(&rv.op)
+	if len(op.Body) >= bodyApart {
+		rec.Body, rec.Flags = nil, rec.Flags|flagBodyApart
+		rv.bodyKey = bodyKey(op.Key)
+	}
 	rv.key, rv.val = encodeKV(op.Key, &rec)
 	if err := s.write(ctx, rv.run); err != nil {
 		return Operation{}, false, fmt.Errorf("reserve %s: %w", op.Key, err)
@@ -346,6 +388,7 @@ type reservation struct {
 	s        *BoltStore
 	op       Operation
 	key, val []byte // the encoded record, in one buffer
+	bodyKey  []byte // where op.Body goes if it is stored apart
 	existing Operation
 	created  bool
 }
@@ -375,6 +418,11 @@ func (rv *reservation) run(tx *bolt.Tx) error {
 	}
 	if err := ops.Put(rv.key, rv.val); err != nil {
 		return err
+	}
+	if rv.bodyKey != nil {
+		if err := ops.Put(rv.bodyKey, rv.op.Body); err != nil {
+			return err
+		}
 	}
 	if names != nil {
 		if err := names.Put([]byte(rv.op.Name), rv.key); err != nil {
@@ -419,6 +467,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 		if err != nil {
 			return err
 		}
+		apart := false // the new body goes apart
 		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			pending := State(r.State) == StatePending
 			if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
@@ -427,12 +476,22 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 			r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
 			if !pending {
 				r.State = uint8(StatePending)
-				req = codec.AppendRequest(nil, header, body)
+				if apart = len(body) >= bodyApart; apart {
+					r.Flags |= flagBodyApart
+					req = codec.AppendRequest(nil, header, nil)
+				} else {
+					req = codec.AppendRequest(nil, header, body)
+				}
 			}
 			return req, nil
 		})
 		if err != nil {
 			return err
+		}
+		if apart {
+			if err := ops.Put(bodyKey(key), body); err != nil {
+				return err
+			}
 		}
 		op, err = loadOp(ops, key)
 		return err
@@ -570,6 +629,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 		if err != nil {
 			return err
 		}
+		apart := false
 		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			r.State = uint8(o.State)
 			r.Attempts += int64(max(o.Sent, 0))
@@ -577,13 +637,18 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 			r.LeaseUntil = 0
 			r.URL = withoutQuery(r.URL)
 			r.Updated = now
-			if len(req) > 1 {
+			apart = r.Flags&flagBodyApart != 0
+			r.Flags &^= flagBodyApart
+			if len(req) > 1 || apart {
 				s.f.noteDrop(tx)
 			}
 			return nil, nil
 		})
 		if err != nil {
 			return fmt.Errorf("finish: %w", err)
+		}
+		if apart {
+			return ops.Delete(bodyKey(key))
 		}
 		return nil
 	})
@@ -708,9 +773,11 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 				continue
 			}
 			op.Owner, op.LeaseUntil = l.Owner, l.Until
-			r := toRecord(&op)
-			k, v := encodeKV(op.Key, &r)
-			if err := ops.Put(k, v); err != nil {
+			err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+				r.Owner, r.LeaseUntil = l.Owner, toNanos(l.Until)
+				return req, nil
+			})
+			if err != nil {
 				return err
 			}
 			out = append(out, op)
@@ -742,6 +809,9 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 		k, v = c.Next()
 	}
 	for ; k != nil; k, v = c.Next() {
+		if isBodyKey(k) {
+			continue
+		}
 		state, err := codec.Check(v)
 		if err == nil && State(state) != StatePending {
 			continue
@@ -752,12 +822,20 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 			err = codec.Decode(v, &r)
 		}
 		if err != nil {
-			if !fn(Operation{Key: key}, fmt.Errorf("pending %w", codecErr(key, err))) {
+			err = codecErr(key, err)
+		}
+		var op Operation
+		if err == nil {
+			op = fromRecord(key, &r)
+			err = loadBody(ops, &r, &op)
+		}
+		if err != nil {
+			if !fn(Operation{Key: key}, fmt.Errorf("pending %w", err)) {
 				return nil
 			}
 			continue
 		}
-		if !fn(fromRecord(key, &r), nil) {
+		if !fn(op, nil) {
 			return nil
 		}
 	}
@@ -800,6 +878,9 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 					break
 				}
 				next = k
+				if isBodyKey(k) {
+					continue
+				}
 				state, err := codec.Check(v)
 				if err != nil {
 					s.log.Warn("idem: sweep kept unreadable record", "key", string(k), "err", codecErr(string(k), err))

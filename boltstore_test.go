@@ -926,3 +926,83 @@ func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
 		t.Fatalf("compaction left its temporary file: %v", err)
 	}
 }
+
+func TestBoltStoreLargeBodies(t *testing.T) {
+	// Bodies from 32 KiB on are stored apart from their record; every
+	// path that returns or drops a request must see them.
+	path := filepath.Join(t.TempDir(), "journal.db")
+	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{ScrubDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	body := func(tag string, n int) []byte {
+		return append([]byte(`{"card":"`+tag+`","pad":"`), append(bytes.Repeat([]byte{'p'}, n), `"}`...)...)
+	}
+	big, small := newOp("a-big"), newOp("b-small")
+	big.Name = "pay:big"
+	big.Body, small.Body = body("4000000000000002", 200<<10), body("4000000000000010", 100)
+	mustReserve(t, s, big)
+	mustReserve(t, s, small)
+	if got, err := s.Get(ctx, "a-big"); err != nil || !bytes.Equal(got.Body, big.Body) {
+		t.Fatalf("Get: body of %d bytes, %v; want %d", len(got.Body), err, len(big.Body))
+	}
+	if got, created, err := s.Reserve(ctx, big); err != nil || created || !bytes.Equal(got.Body, big.Body) {
+		t.Fatalf("Reserve of the existing record: created %v, body of %d bytes, %v", created, len(got.Body), err)
+	}
+	ops, err := s.Pending(ctx, "", 0)
+	if err != nil || len(ops) != 2 || !bytes.Equal(ops[0].Body, big.Body) || !bytes.Equal(ops[1].Body, small.Body) {
+		t.Fatalf("Pending = %v, %v; want both with their bodies", keys(ops), err)
+	}
+	l := idem.Lease{Owner: "resumer", At: time.Now(), Until: time.Now().Add(time.Minute)}
+	ops, err = s.Claim(ctx, l, "", 0)
+	if err != nil || len(ops) != 2 || !bytes.Equal(ops[0].Body, big.Body) {
+		t.Fatalf("Claim = %v, %v; want both, the big one with its body", keys(ops), err)
+	}
+	if got, err := s.Get(ctx, "a-big"); err != nil || got.Owner != "resumer" || !bytes.Equal(got.Body, big.Body) {
+		t.Fatalf("after Claim: owner %q body of %d bytes, %v", got.Owner, len(got.Body), err)
+	}
+	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "a-big"); err != nil || got.Body != nil || got.State != idem.StateSucceeded {
+		t.Fatalf("after Finish: state %v body of %d bytes, %v", got.State, len(got.Body), err)
+	}
+	if n, err := s.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("Sweep = %d, %v", n, err)
+	}
+	// Acquire makes it pending again with a new large body.
+	again := body("4000000000000028", 64<<10)
+	if _, err := s.Acquire(ctx, "a-big", l, nil, again); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Named(ctx, "pay:big"); err != nil || !bytes.Equal(got.Body, again) {
+		t.Fatalf("after Acquire: body of %d bytes, %v", len(got.Body), err)
+	}
+	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateFailed, Status: 400}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, card := range []string{"4000000000000002", "4000000000000028"} {
+		if bytes.Contains(b, []byte(card)) {
+			t.Errorf("the body with %s is still in the file after its operation finished", card)
+		}
+	}
+	if !bytes.Contains(b, []byte("4000000000000010")) {
+		t.Error("the pending operation's body is gone from the file")
+	}
+	checkFile(t, path)
+	s = openBolt(t, path)
+	if n, err := s.Sweep(ctx, time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("Sweep after reopening = %d, %v; want the one finished record", n, err)
+	}
+	if ops, err := s.Pending(ctx, "", 0); err != nil || len(ops) != 1 || !bytes.Equal(ops[0].Body, small.Body) {
+		t.Fatalf("Pending after the sweep = %v, %v", keys(ops), err)
+	}
+}

@@ -34,3 +34,7 @@ func (m *MemoryStore) Len() int {
 	defer m.mu.Unlock()
 	return len(m.ops)
 }
+
+// StillNamed is the check that the journal's path still names its file,
+// made before each commit.
+func (s *BoltStore) StillNamed() error { return s.f.stillNamed() }

@@ -104,3 +104,20 @@ func BenchmarkBoltPut(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
+
+// BenchmarkStillNamed measures the check made before each commit that the
+// journal's path still names the open file (one stat): compare it with a
+// commit (BenchmarkBoltPut).
+func BenchmarkStillNamed(b *testing.B) {
+	s, err := idem.OpenBoltStore(filepath.Join(b.TempDir(), "journal.db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.StillNamed(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
