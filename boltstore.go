@@ -358,7 +358,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 		op.Header, op.Body = nil, nil
 	}
 	s.seen(op.Owner)
-	rv := &reservation{s: s, op: op}
+	rv := &reservation{op: op}
 	rec := toRecord(&rv.op)
 	if len(op.Body) >= bodyApart {
 		rec.Body, rec.Flags = nil, rec.Flags|flagBodyApart
@@ -385,7 +385,6 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 
 // reservation is one Reserve's change and its result, in one allocation.
 type reservation struct {
-	s        *BoltStore
 	op       Operation
 	key, val []byte // the encoded record, in one buffer
 	bodyKey  []byte // where op.Body goes if it is stored apart

@@ -113,7 +113,7 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 	if last := sizes[len(sizes)-1]; final > last || sizes[len(sizes)-2] != last {
 		t.Fatalf("the file still grows: %d, %d bytes at the last two hours, %d at the end", sizes[len(sizes)-2], last, final)
 	}
-	if final > sizes[1]+16<<20 {
+	if final > sizes[1]+17<<20 { // one step, and bbolt's rounding
 		t.Fatalf("the file grew from %d bytes at hour 2 to %d, more than one allocation step", sizes[1], final)
 	}
 }
