@@ -263,6 +263,22 @@ func (f *boltFile) init() error {
 	if err != nil {
 		return err
 	}
+	// An existing journal is only read here: Open writes nothing to it.
+	ready := false
+	err = f.view(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return nil
+		}
+		if err := checkFormat(m.Get(metaFormatKey)); err != nil {
+			return err
+		}
+		ready = tx.Bucket(bucketOps) != nil && tx.Bucket(bucketNames) != nil
+		return nil
+	})
+	if err != nil || ready {
+		return err
+	}
 	return f.update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(bucketMeta); m != nil {
 			if err := checkFormat(m.Get(metaFormatKey)); err != nil {
@@ -372,6 +388,11 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 			return fnErr
 		})
 		if err != nil && fnErr == nil {
+			if errors.Is(err, syscall.EFBIG) {
+				// bbolt asked for pages far beyond the file: a damaged
+				// free list or branch page does that.
+				return fmt.Errorf("%w: %w: %w", ErrJournalWrite, ErrJournalCorrupt, err)
+			}
 			return fmt.Errorf("%w: %w", ErrJournalWrite, err)
 		}
 		return err
