@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -28,11 +29,6 @@ type BoltOptions struct {
 	// or handle (in this process too) to release the journal file before it
 	// returns an error matching ErrJournalLocked. Zero means 2 seconds.
 	LockTimeout time.Duration
-	// Retention is how long a finished record is kept after its last change,
-	// for key-reuse detection and name lookups. OpenBoltStore sweeps older
-	// finished records. Zero means 7 days; a negative value keeps them
-	// forever.
-	Retention time.Duration
 	// MaxGroup caps how many changes one commit (one fsync) carries. Zero
 	// means 1024.
 	MaxGroup int
@@ -49,7 +45,6 @@ type BoltOptions struct {
 // Defaults of BoltOptions.
 const (
 	defaultLockTimeout = 2 * time.Second
-	defaultRetention   = DefaultRetention
 	defaultMaxGroup    = 1024
 	sweepChunk         = 1000
 )
@@ -60,7 +55,7 @@ var (
 	bucketMeta    = []byte("meta")
 	bucketOps     = []byte("ops")     // key -> codec record
 	bucketNames   = []byte("names")   // operation name -> key
-	bucketPending = []byte("pending") // created (8 bytes) + key -> nothing
+	bucketPending = []byte("pending") // key -> nothing, while pending
 	bucketDone    = []byte("done")    // updated (8 bytes) + key -> nothing
 	bucketBodies  = []byte("bodies")  // key -> request body, while pending
 	metaFormatKey = []byte("format")
@@ -70,14 +65,18 @@ var (
 // BoltStore is the durable KeyStore: a bbolt file journal with group commit.
 // It is safe for concurrent use.
 //
-// Reserve and Reopen are committed together with every other change queued
+// Reserve, Acquire and Renew are committed together with every other change queued
 // while the previous commit ran (one transaction and one fsync per group)
 // and return only once their own commit is durable. Attempt and Finish are
 // queued into the same writer and return at once: their change rides the
-// next commit. Get, Named and Pending wait for queued changes first, so a
+// next commit. Get, Pending and Claim wait for queued changes first, so a
 // reader always sees its own writes. Close commits everything queued.
 //
-// After a crash, every Reserve and Reopen that returned is in the file;
+// Leases are kept as the KeyStore contract says, with one addition: the
+// file lock proves that no other process uses the journal, so a lease left
+// by an earlier process has lapsed as soon as the file is opened again.
+//
+// After a crash, every Reserve and Acquire that returned is in the file;
 // transactions that had not finished committing are rolled back by bbolt.
 type BoltStore struct {
 	db     *bolt.DB
@@ -88,12 +87,17 @@ type BoltStore struct {
 	o      BoltOptions
 	closed atomic.Bool
 	now    func() time.Time
+
+	// owners are the lease owners seen since the file was opened. The file
+	// lock proves that no other process uses the journal, so a lease held
+	// by any other owner was left by a process that is gone: it has lapsed.
+	owners sync.Map
 }
 
 var _ KeyStore = (*BoltStore)(nil)
 
 // OpenBoltStore opens the journal at path, creating the file (mode 0600) if
-// it does not exist, and sweeps finished records older than the retention.
+// it does not exist.
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout, ErrJournalCorrupt for a
 // damaged, truncated or foreign file, and ErrJournalWrite if the file cannot
@@ -105,9 +109,6 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	}
 	if opt.LockTimeout <= 0 {
 		opt.LockTimeout = defaultLockTimeout
-	}
-	if opt.Retention == 0 {
-		opt.Retention = defaultRetention
 	}
 	if opt.MaxGroup <= 0 {
 		opt.MaxGroup = defaultMaxGroup
@@ -131,12 +132,6 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 			s.log.Warn("idem: queued journal change lost", "err", err)
 		},
 	})
-	if opt.Retention > 0 {
-		if _, err := s.Sweep(context.Background(), s.now().Add(-opt.Retention)); err != nil {
-			_ = s.Close()
-			return nil, fmt.Errorf("open journal %s: sweep: %w", path, err)
-		}
-	}
 	return s, nil
 }
 
@@ -379,10 +374,23 @@ func fromNanos(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
+// Record flags.
+const (
+	flagRedacted     = 1 << 0
+	flagUnreplayable = 1 << 1
+)
+
 func toRecord(op *Operation) codec.Record {
+	var flags uint8
+	if op.Redacted {
+		flags |= flagRedacted
+	}
+	if op.Unreplayable {
+		flags |= flagUnreplayable
+	}
 	return codec.Record{
-		Key: op.Key, Name: op.Name, Method: op.Method, URL: op.URL, Scope: op.Scope,
-		Fingerprint: op.Fingerprint, State: uint8(op.State),
+		Key: op.Key, Name: op.Name, Method: op.Method, URL: op.URL, Host: op.Host,
+		Fingerprint: op.Fingerprint, State: uint8(op.State), Flags: flags,
 		Attempts: int64(op.Attempts), LastStatus: int64(op.LastStatus), LastError: op.LastError,
 		Created: toNanos(op.Created), Updated: toNanos(op.Updated), LeaseUntil: toNanos(op.LeaseUntil),
 		Owner: op.Owner, Header: op.Header,
@@ -391,8 +399,9 @@ func toRecord(op *Operation) codec.Record {
 
 func fromRecord(r *codec.Record) Operation {
 	return Operation{
-		Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, Scope: r.Scope,
+		Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, Host: r.Host,
 		Fingerprint: r.Fingerprint, State: State(r.State),
+		Redacted: r.Flags&flagRedacted != 0, Unreplayable: r.Flags&flagUnreplayable != 0,
 		Attempts: int(r.Attempts), LastStatus: int(r.LastStatus), LastError: r.LastError,
 		Created: fromNanos(r.Created), Updated: fromNanos(r.Updated), LeaseUntil: fromNanos(r.LeaseUntil),
 		Owner: r.Owner, Header: http.Header(r.Header),
@@ -438,7 +447,7 @@ func loadOp(b buckets, key string) (Operation, error) {
 func put(b buckets, old, rec *codec.Record) error {
 	if old != nil {
 		if State(old.State) == StatePending {
-			if err := b.pending.Delete(timeKey(old.Created, old.Key)); err != nil {
+			if err := b.pending.Delete([]byte(old.Key)); err != nil {
 				return err
 			}
 		} else if State(old.State).Finished() {
@@ -451,7 +460,7 @@ func put(b buckets, old, rec *codec.Record) error {
 		return err
 	}
 	if State(rec.State) == StatePending {
-		return b.pending.Put(timeKey(rec.Created, rec.Key), nil)
+		return b.pending.Put([]byte(rec.Key), nil)
 	}
 	if State(rec.State).Finished() {
 		return b.done.Put(timeKey(rec.Updated, rec.Key), nil)
@@ -468,6 +477,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 		return Operation{}, false, err
 	}
 	newRecord(&op, s.now())
+	s.seen(op.Owner)
 	rec := toRecord(&op)
 	enc := codec.Encode(&rec)
 	key := []byte(op.Key)
@@ -508,7 +518,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 			}
 		}
 		if op.State == StatePending {
-			err = b.pending.Put(timeKey(rec.Created, op.Key), nil)
+			err = b.pending.Put(key, nil)
 		} else if op.State.Finished() {
 			err = b.done.Put(timeKey(rec.Updated, op.Key), nil)
 		}
@@ -534,11 +544,30 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	return op, true, nil
 }
 
-// Reopen implements KeyStore. It returns once the change is durable.
-func (s *BoltStore) Reopen(ctx context.Context, key string, header http.Header, body []byte) (Operation, error) {
+// seen records owner as a lease owner of this session.
+func (s *BoltStore) seen(owner string) {
+	if owner != "" {
+		s.owners.LoadOrStore(owner, struct{}{})
+	}
+}
+
+// heldByOther is Lease.heldByOther, with leases of owners not seen since
+// the file was opened lapsed.
+func (s *BoltStore) heldByOther(l Lease, r *codec.Record) bool {
+	op := Operation{Owner: r.Owner, LeaseUntil: fromNanos(r.LeaseUntil)}
+	if !l.heldByOther(&op) {
+		return false
+	}
+	_, live := s.owners.Load(r.Owner)
+	return live
+}
+
+// Acquire implements KeyStore. It returns once the change is durable.
+func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
 	if err := s.check(ctx); err != nil {
 		return Operation{}, err
 	}
+	s.seen(l.Owner)
 	now := toNanos(s.now())
 	var op Operation
 	err := s.write(ctx, func(tx *bolt.Tx) error {
@@ -550,53 +579,73 @@ func (s *BoltStore) Reopen(ctx context.Context, key string, header http.Header, 
 		if err != nil {
 			return err
 		}
+		pending := State(old.State) == StatePending
+		if pending && s.heldByOther(l, &old) {
+			return fmt.Errorf("leased to %q: %w", old.Owner, ErrInProgress)
+		}
 		rec := old
-		rec.State = uint8(StatePending)
-		rec.Header = header
-		rec.Updated = now
+		rec.Owner, rec.LeaseUntil, rec.Updated = l.Owner, toNanos(l.Until), now
+		if !pending {
+			rec.State = uint8(StatePending)
+			rec.Header = header
+			if len(body) > 0 {
+				err = b.bodies.Put([]byte(key), body)
+			} else {
+				err = b.bodies.Delete([]byte(key))
+			}
+			if err != nil {
+				return err
+			}
+		}
 		if err := put(b, &old, &rec); err != nil {
 			return err
 		}
-		if len(body) > 0 {
-			err = b.bodies.Put([]byte(key), body)
-		} else {
-			err = b.bodies.Delete([]byte(key))
-		}
-		if err != nil {
-			return err
-		}
 		op = fromRecord(&rec)
+		if pending {
+			if v := b.bodies.Get([]byte(key)); v != nil {
+				op.Body = bytes.Clone(v)
+			}
+		} else {
+			op.Body = body
+		}
 		return nil
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("reopen %s: %w", key, err)
+		return Operation{}, fmt.Errorf("acquire %q: %w", key, err)
 	}
-	op.Header = header.Clone()
-	if len(body) > 0 {
-		op.Body = body
-	}
+	op.Header = op.Header.Clone()
 	return op, nil
+}
+
+// Renew implements KeyStore. It returns once the change is durable.
+func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	err := s.write(ctx, func(tx *bolt.Tx) error {
+		b, err := bucketsOf(tx)
+		if err != nil {
+			return err
+		}
+		old, err := load(b, key)
+		if err != nil {
+			return err
+		}
+		if State(old.State) != StatePending || old.Owner != l.Owner {
+			return ErrLeaseLost
+		}
+		rec := old
+		rec.LeaseUntil = toNanos(l.Until)
+		return put(b, &old, &rec)
+	})
+	if err != nil {
+		return fmt.Errorf("renew %q: %w", key, err)
+	}
+	return nil
 }
 
 // Get implements KeyStore.
 func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
-	return s.read(ctx, "get", func(buckets) (string, error) { return key, nil })
-}
-
-// Named implements KeyStore.
-func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
-	return s.read(ctx, "named", func(b buckets) (string, error) {
-		k := b.names.Get([]byte(name))
-		if k == nil {
-			return "", fmt.Errorf("operation %q: %w", name, ErrNotFound)
-		}
-		return string(k), nil
-	})
-}
-
-// read waits for queued changes to commit, then loads the record whose key
-// keyOf finds, with its body.
-func (s *BoltStore) read(ctx context.Context, what string, keyOf func(buckets) (string, error)) (Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return Operation{}, err
 	}
@@ -606,41 +655,62 @@ func (s *BoltStore) read(ctx context.Context, what string, keyOf func(buckets) (
 		if err != nil {
 			return err
 		}
-		key, err := keyOf(b)
-		if err != nil {
-			return err
-		}
 		op, err = loadOp(b, key)
 		return err
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("%s: %w", what, err)
+		return Operation{}, fmt.Errorf("get %q: %w", key, err)
 	}
 	return op, nil
+}
+
+// Named returns the record for an operation name, or an error matching
+// ErrNotFound.
+func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
+	if err := s.settle(ctx); err != nil {
+		return Operation{}, err
+	}
+	var key []byte
+	err := s.view(func(tx *bolt.Tx) error {
+		b, err := bucketsOf(tx)
+		if err != nil {
+			return err
+		}
+		if key = bytes.Clone(b.names.Get([]byte(name))); key == nil {
+			return fmt.Errorf("operation %q: %w", name, ErrNotFound)
+		}
+		return nil
+	})
+	if err != nil {
+		return Operation{}, err
+	}
+	return s.Get(ctx, string(key))
 }
 
 // Attempt implements KeyStore. The change is queued for the next commit;
 // Attempt returns an error at once only if the record does not exist or
 // cannot be read.
-func (s *BoltStore) Attempt(ctx context.Context, key string, out Outcome) error {
+func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	return s.change(ctx, "attempt", key, func(r *codec.Record) {
-		r.Attempts++
-		r.LastStatus, r.LastError = int64(out.Status), out.Err
+		r.Attempts += int64(max(a.Sent, 0))
+		r.LastStatus, r.LastError = int64(a.Status), a.Err
 	}, false)
 }
 
 // Finish implements KeyStore. The change, which also deletes the stored
 // body, is queued for the next commit; Finish returns an error at once only
-// if out.State is not final or the record does not exist or cannot be read.
-func (s *BoltStore) Finish(ctx context.Context, key string, out Outcome) error {
-	if !out.State.Finished() {
-		return fmt.Errorf("idem: finish %s: state %s is not final", key, out.State)
+// if o.State is not final or the record does not exist or cannot be read.
+func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
+	if !o.State.Finished() {
+		return fmt.Errorf("idem: finish %q: state %s is not final", key, o.State)
 	}
 	return s.change(ctx, "finish", key, func(r *codec.Record) {
-		r.State = uint8(out.State)
-		r.Attempts += int64(max(out.Attempts, 0))
-		r.LastStatus, r.LastError = int64(out.Status), out.Err
+		r.State = uint8(o.State)
+		r.Attempts += int64(max(o.Sent, 0))
+		r.LastStatus, r.LastError = int64(o.Status), o.Err
 		r.Header = nil
+		r.LeaseUntil = 0
+		r.URL = withoutQuery(r.URL)
 	}, true)
 }
 
@@ -655,9 +725,9 @@ func (s *BoltStore) change(ctx context.Context, what, key string, fn func(*codec
 		v := tx.Bucket(bucketOps).Get([]byte(key))
 		switch {
 		case v == nil:
-			return fmt.Errorf("%s: %w", key, ErrNotFound)
+			return fmt.Errorf("%q: %w", key, ErrNotFound)
 		case v[0] != codec.Version:
-			return fmt.Errorf("record %s: %w: version %d", key, ErrRecordVersion, v[0])
+			return fmt.Errorf("record %q: %w: version %d", key, ErrRecordVersion, v[0])
 		}
 		return nil
 	})
@@ -686,62 +756,120 @@ func (s *BoltStore) change(ctx context.Context, what, key string, fn func(*codec
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", what, key, err)
+		return fmt.Errorf("%s %q: %w", what, key, err)
 	}
 	return nil
 }
 
-// Pending implements KeyStore. It seeks the pending index, ordered by
-// creation time and key, to the record after; it does not scan the journal.
-// A record it cannot read (for example one written by a newer version) is
-// skipped and logged. An after that is not in the journal is an error
-// matching ErrNotFound.
+// Pending implements KeyStore. It walks the pending index, ordered by key,
+// from after; it does not scan the journal.
 func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
-	var ops []Operation
+	var (
+		ops  []Operation
+		errs []error
+	)
 	err := s.view(func(tx *bolt.Tx) error {
-		b, err := bucketsOf(tx)
-		if err != nil {
-			return err
-		}
-		c := b.pending.Cursor()
-		var k []byte
-		if after == "" {
-			k, _ = c.First()
-		} else {
-			from, err := load(b, after)
+		ops, errs = nil, nil
+		return s.walkPending(tx, after, limit, func(op Operation, err error) {
 			if err != nil {
-				return fmt.Errorf("after: %w", err)
-			}
-			seek := timeKey(from.Created, after)
-			k, _ = c.Seek(seek)
-			if bytes.Equal(k, seek) {
-				k, _ = c.Next()
-			}
-		}
-		for ; k != nil && (limit <= 0 || len(ops) < limit); k, _ = c.Next() {
-			if len(k) < 8 {
-				return fmt.Errorf("%w: pending index key %x", ErrJournalCorrupt, k)
-			}
-			key := string(k[8:])
-			op, err := loadOp(b, key)
-			if err != nil {
-				s.log.Warn("idem: skipping unreadable pending record", "key", key, "err", err)
-				continue
-			}
-			if op.State != StatePending {
-				continue
+				errs = append(errs, err)
 			}
 			ops = append(ops, op)
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pending: %w", err)
 	}
-	return ops, nil
+	return ops, errors.Join(errs...)
+}
+
+// Claim implements KeyStore. It returns once the leases are durable.
+func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error) {
+	if err := s.settle(ctx); err != nil {
+		return nil, err
+	}
+	s.seen(l.Owner)
+	var (
+		ops  []Operation
+		errs []error
+	)
+	err := s.write(ctx, func(tx *bolt.Tx) error {
+		ops, errs = nil, nil
+		b, err := bucketsOf(tx)
+		if err != nil {
+			return err
+		}
+		err = s.walkPending(tx, after, 0, func(op Operation, err error) {
+			if limit > 0 && len(ops) >= limit {
+				return
+			}
+			if err != nil {
+				errs = append(errs, err)
+				ops = append(ops, op)
+				return
+			}
+			r := toRecord(&op)
+			if s.heldByOther(l, &r) {
+				return
+			}
+			ops = append(ops, op)
+		})
+		if err != nil {
+			return err
+		}
+		for i := range ops {
+			if ops[i].State != StatePending {
+				continue
+			}
+			old, err := load(b, ops[i].Key)
+			if err != nil {
+				return err
+			}
+			rec := old
+			rec.Owner, rec.LeaseUntil = l.Owner, toNanos(l.Until)
+			if err := put(b, &old, &rec); err != nil {
+				return err
+			}
+			ops[i].Owner, ops[i].LeaseUntil = l.Owner, l.Until
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return ops, errors.Join(errs...)
+}
+
+// walkPending calls fn for up to limit pending records after after, in key
+// order. A record it cannot read is passed with only its key and the error.
+func (s *BoltStore) walkPending(tx *bolt.Tx, after string, limit int, fn func(Operation, error)) error {
+	b, err := bucketsOf(tx)
+	if err != nil {
+		return err
+	}
+	c := b.pending.Cursor()
+	k, _ := c.Seek([]byte(after))
+	if after != "" && string(k) == after {
+		k, _ = c.Next()
+	}
+	for n := 0; k != nil && (limit <= 0 || n < limit); k, _ = c.Next() {
+		key := string(k)
+		op, err := loadOp(b, key)
+		if err != nil {
+			fn(Operation{Key: key}, fmt.Errorf("pending record %q: %w", key, err))
+			n++
+			continue
+		}
+		if op.State != StatePending {
+			continue
+		}
+		fn(op, nil)
+		n++
+	}
+	return nil
 }
 
 // Sweep implements KeyStore. It walks the index of finished records,

@@ -72,7 +72,7 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	op.Name = "n1"
 	mustReserve(t, s, op)
 	mustReserve(t, s, newOp("k2"))
-	if err := s.Attempt(ctx, "k1", idem.Outcome{State: idem.StatePending, Status: 503}); err != nil {
+	if err := s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Status: 503}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Finish(ctx, "k2", idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
@@ -89,36 +89,6 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, "k2"); err != nil || got.State != idem.StateSucceeded {
 		t.Fatalf("k2 after reopen: %+v, %v", got, err)
-	}
-}
-
-func TestBoltStoreSweepsOnOpen(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newClock()
-	c.t = time.Now().Add(-time.Hour)
-	s.SetNow(c.now)
-	mustReserve(t, s, newOp("old"))
-	mustReserve(t, s, newOp("pending"))
-	if err := s.Finish(t.Context(), "old", idem.Outcome{State: idem.StateSucceeded}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err = idem.OpenBoltStore(path, &idem.BoltOptions{Retention: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Get(t.Context(), "old"); !errors.Is(err, idem.ErrNotFound) {
-		t.Errorf("finished record past retention: got %v, want ErrNotFound", err)
-	}
-	if _, err := s.Get(t.Context(), "pending"); err != nil {
-		t.Errorf("pending record: %v", err)
 	}
 }
 
@@ -300,12 +270,12 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 	if err := s.Finish(ctx, "future", idem.Outcome{State: idem.StateSucceeded}); !errors.Is(err, idem.ErrRecordVersion) {
 		t.Errorf("Finish: got %v, want ErrRecordVersion", err)
 	}
-	if _, err := s.Reopen(ctx, "future", nil, nil); !errors.Is(err, idem.ErrRecordVersion) {
-		t.Errorf("Reopen: got %v, want ErrRecordVersion", err)
+	if _, err := s.Acquire(ctx, "future", idem.Lease{Owner: "me"}, nil, nil); !errors.Is(err, idem.ErrRecordVersion) {
+		t.Errorf("Acquire: got %v, want ErrRecordVersion", err)
 	}
 	pend, err := s.Pending(ctx, "", 0)
-	if err != nil || fmt.Sprint(keys(pend)) != "[a c]" {
-		t.Errorf("Pending = %v, %v; want the readable records [a c]", keys(pend), err)
+	if !errors.Is(err, idem.ErrRecordVersion) || fmt.Sprint(keys(pend)) != "[a c future]" || pend[2].State != 0 {
+		t.Errorf("Pending = %v, %v; want [a c future], the unreadable one reported with ErrRecordVersion", keys(pend), err)
 	}
 	for _, k := range []string{"a", "c"} {
 		if _, err := s.Get(ctx, k); err != nil {

@@ -37,7 +37,6 @@ func Open(path string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	store, err := OpenBoltStore(path, &BoltOptions{
 		LockTimeout: cfg.lockTimeout,
-		Retention:   cfg.retention,
 		Logger:      cfg.logger,
 	})
 	if err != nil {
@@ -133,7 +132,8 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	defer wg.Wait()
 	for {
 		mark := c.transport.flight.mark()
-		page, err := c.store.Pending(ctx, after, resumePage)
+		now := time.Now()
+		page, err := c.store.Claim(ctx, Lease{Owner: c.transport.cfg.owner, At: now, Until: now.Add(c.transport.cfg.lease)}, after, resumePage)
 		if err != nil {
 			return fmt.Errorf("idem: resume: reading pending operations: %w", err)
 		}
@@ -229,7 +229,9 @@ func (c *Client) deliver(rec Operation, resp *http.Response, err error, fn func(
 			resp.Body.Close()
 		}
 		perr = fmt.Errorf("idem: resume handler panicked for operation %s: %v", rec.Key, r)
-		if _, rerr := c.store.Reopen(context.Background(), rec.Key, rec.Header, rec.Body); rerr != nil {
+		now := time.Now()
+		l := Lease{Owner: c.transport.cfg.owner, At: now, Until: now.Add(c.transport.cfg.lease)}
+		if _, rerr := c.store.Acquire(context.Background(), rec.Key, l, rec.Header, rec.Body); rerr != nil {
 			perr = errors.Join(perr, rerr)
 		}
 	}()
@@ -349,6 +351,7 @@ type config struct {
 	resumeFn      func(Operation, *http.Response, error)
 	budget        *retryBudget
 	owner         string
+	lease         time.Duration
 }
 
 // Defaults of the options.
@@ -362,6 +365,9 @@ const (
 	DefaultResendWindow = 23 * time.Hour
 	// DefaultRetention is how long finished operations stay in the journal.
 	DefaultRetention = 7 * 24 * time.Hour
+	// DefaultLease is how long an operation stays claimed by the process
+	// sending it without a renewal.
+	DefaultLease = 30 * time.Second
 )
 
 func newConfig(opts []Option) config {
@@ -374,6 +380,7 @@ func newConfig(opts []Option) config {
 		resendWindow:  DefaultResendWindow,
 		retention:     DefaultRetention,
 		resumeWorkers: 8,
+		lease:         DefaultLease,
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -25,6 +25,9 @@ var (
 	ErrJournalWrite = errors.New("idem: journal write failed")
 	// ErrClosed is returned when the journal or Client was closed.
 	ErrClosed = errors.New("idem: closed")
+	// ErrLeaseLost is returned by KeyStore.Renew when the operation is no
+	// longer pending under the caller's lease.
+	ErrLeaseLost = errors.New("idem: operation lease lost")
 )
 
 // Errors about a request or operation. The transport returns them inside an
@@ -38,9 +41,18 @@ var (
 	// ErrBodyTooLarge is returned when a keyed request's body exceeds the
 	// journal's body limit. Nothing is sent.
 	ErrBodyTooLarge = errors.New("idem: request body exceeds the journal body limit")
-	// ErrInProgress is returned when the operation is already in flight in
-	// this process (another call, or Resume, is sending it).
-	ErrInProgress = errors.New("idem: operation already in flight in this process")
+	// ErrInProgress is returned when the operation is in flight elsewhere:
+	// another call or Resume in this process, or another process holding
+	// its lease, is sending it, and the wait for it ended first.
+	ErrInProgress = errors.New("idem: operation already in flight")
+	// ErrNoCredentials is returned by Resume for an operation whose
+	// credentials were not journaled when no WithResumePrepare hook is set.
+	// Nothing is sent; the operation stays pending.
+	ErrNoCredentials = errors.New("idem: resend needs credentials (set WithResumePrepare)")
+	// ErrInvalidRequest is returned for a request that can never be sent (no
+	// URL, a scheme other than http or https, no host, a header value with
+	// a line break). Nothing is journaled or sent.
+	ErrInvalidRequest = errors.New("idem: invalid request")
 	// ErrAttemptsExhausted is returned when the last allowed attempt ended
 	// without a response. The operation stays pending: its outcome is unknown.
 	ErrAttemptsExhausted = errors.New("idem: attempts exhausted without a response")

@@ -19,7 +19,8 @@ const (
 	// StateSucceeded means the caller received a 2xx or 3xx response.
 	StateSucceeded State = 2
 	// StateFailed means the caller received a final non-success response (a
-	// permanent 4xx, or the last transient response when attempts ran out).
+	// permanent 4xx, or the last transient response when attempts ran out),
+	// or the request was never sent.
 	StateFailed State = 3
 	// StateExpired means the operation stayed pending past the resend window
 	// and was given up without being sent again.
@@ -47,119 +48,183 @@ func (s State) Finished() bool { return s == StateSucceeded || s == StateFailed 
 // Operation is one logical, keyed operation as the journal records it.
 //
 // While the operation is pending, Header and Body hold the replayable request
-// (secret headers removed). Both are dropped when the operation finishes; only
+// (credentials removed). Both are dropped when the operation finishes; only
 // the key, name, fingerprint, state and outcome remain until retention ends.
 type Operation struct {
 	// Key is the Idempotency-Key sent with every attempt.
 	Key string
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string
-	// Method and URL are those of the request.
+	// Method and URL are those of the request. The URL carries no user info
+	// and no secret query parameters; a finished record keeps no query.
 	Method, URL string
-	// Scope is the method and host the key is used against ("POST api.example.com").
-	Scope string
+	// Host is the request's Host header when it differs from the URL's
+	// host (a virtual host), or "".
+	Host string
 	// Fingerprint is the SHA-256 over method, URL, body and the headers that
 	// define the payload. A key is never sent with a different fingerprint.
 	Fingerprint [32]byte
 	// State is where the operation stands.
 	State State
-	// Attempts counts the requests sent under this key, over all processes.
+	// Attempts counts the requests written under this key, over all
+	// processes.
 	Attempts int
 	// LastStatus is the HTTP status of the last response, or 0 if none.
 	LastStatus int
 	// LastError is the text of the last error without a response, or "".
 	LastError string
-	// Created and Updated are when the record was created and last changed.
+	// Created is when the operation was first journaled; Updated is when
+	// its record last changed.
 	Created, Updated time.Time
-	// Owner names the process that holds the operation while it is pending,
-	// and LeaseUntil is when that claim lapses. A single-process journal
-	// records them; a store shared by several replicas uses them to decide
-	// who may resume an operation.
+	// Owner names the process that holds the operation's lease while it is
+	// pending, and LeaseUntil is when that lease lapses. Only the owner, or
+	// anyone after the lease lapsed, may send the operation.
 	Owner      string
 	LeaseUntil time.Time
+	// Redacted reports that credentials (secret headers, the URL's user
+	// info, secret query parameters) were removed before journaling: a
+	// resend needs WithResumePrepare to add them back.
+	Redacted bool
+	// Unreplayable reports that the body was not journaled (it was over the
+	// body limit and the Client allows sending such bodies): the operation
+	// keeps its key and fingerprint, but Resume cannot send it again.
+	Unreplayable bool
 	// Header and Body are the replayable request while pending, nil after.
 	Header http.Header
 	Body   []byte
 }
 
-// Outcome is the result of one attempt or of a finished operation.
+// Lease is a claim on a pending operation: Owner may send it until Until.
+// At is when the claim is made; another owner's lease that ends at or
+// before At has lapsed and may be taken over.
+type Lease struct {
+	Owner     string
+	At, Until time.Time
+}
+
+// heldByOther reports whether op is leased to another owner than l's at
+// l.At.
+func (l Lease) heldByOther(op *Operation) bool {
+	return op.Owner != "" && op.Owner != l.Owner && op.LeaseUntil.After(l.At)
+}
+
+// Attempt is what KeyStore.Attempt records of requests that were written
+// while the operation stays pending.
+type Attempt struct {
+	// Sent counts the requests written (usually 1; net/http may write a
+	// request twice on a reused connection).
+	Sent int
+	// Status is the HTTP status of the last response, or 0 when none came.
+	Status int
+	// Err is the text of the error when no response came, or "".
+	Err string
+}
+
+// Outcome is what KeyStore.Finish records of a finished operation.
 type Outcome struct {
-	// State is the operation's state after this outcome. Attempt keeps it
-	// StatePending; Finish requires a final state.
+	// State is the final state.
 	State State
-	// Status is the HTTP status received, or 0 when there was no response.
+	// Status is the HTTP status of the last response, or 0 when none came.
 	Status int
 	// Err is the text of the error when there was no response, or "".
 	Err string
-	// Attempts is added to the operation's attempt count by Finish: the
-	// attempts that ended in this outcome and were not recorded with
-	// Attempt (usually 1; 0 when the request was never sent). Attempt
-	// ignores it and always adds one.
-	Attempts int
+	// Sent counts the requests written that no Attempt recorded (0 when the
+	// last request was recorded, or nothing was sent).
+	Sent int
 }
 
-// KeyStore is the journal behind a Client. It must be safe for concurrent use.
+// KeyStore is the journal behind a Client: the memory store, the bbolt
+// journal, the PostgreSQL store of package pgstore, or a user's own. It must
+// be safe for concurrent use. Package storetest checks an implementation
+// against this contract.
 //
-// Reserve and Reopen must not return before the record they write is
-// durable: the transport sends nothing until they return. Attempt and Finish
-// may return before their change is durable (it then rides the next commit);
-// losing such a change in a crash only causes a resend that the server
-// answers from its own idempotency store. Close makes every change durable.
+// Reserve, Acquire and Renew must not return before their change is durable:
+// the transport sends nothing until they return. Attempt and Finish may
+// return before their change is durable (it then rides a later commit), but
+// a change they accepted must not be dropped: a failed commit is retried,
+// and Close makes every accepted change durable or returns an error.
 //
-// Reads (Get, Named, Pending) see every change whose call has returned,
-// durable or not: a Finish followed by a Get returns the finished record.
+// Reads (Get, Pending) see every change whose call has returned, durable or
+// not: a Finish followed by a Get returns the finished record.
+//
+// Records are ordered by key (for UUIDv7 keys, the order they were made).
+// Every error about the journal itself matches one of ErrJournalCorrupt,
+// ErrJournalWrite, ErrRecordVersion or ErrClosed; a missing record matches
+// ErrNotFound.
 type KeyStore interface {
 	// Reserve creates the record op describes, unless one exists already.
-	// If op.Name is not empty and a record with that name exists, that record
-	// is the existing one; otherwise a record with op.Key is. Reserve returns
-	// the record now in the journal and whether this call created it. An
-	// existing record is returned unchanged. A store may keep op.Header and
+	// If op.Name is not empty and a record with that name exists, that
+	// record is the existing one; otherwise a record with op.Key is.
+	// Reserve returns the record now in the journal and whether this call
+	// created it. An existing record is returned unchanged, with its
+	// replayable request if it is pending. A store may keep op.Header and
 	// op.Body, and the record returned for a created operation may share
-	// them: the caller must change neither afterwards.
+	// them: the caller must change neither afterwards. The store sets
+	// Updated, and Created unless op has one.
 	Reserve(ctx context.Context, op Operation) (rec Operation, created bool, err error)
 
-	// Reopen marks the finished record for key pending again, with the
-	// replayable request in header and body, durably, and returns it.
-	Reopen(ctx context.Context, key string, header http.Header, body []byte) (Operation, error)
+	// Acquire gives the record for key to l.Owner until l.Until and returns
+	// it, with its replayable request. If the record is pending under
+	// another owner's lease that has not lapsed at l.At, Acquire changes
+	// nothing and returns an error matching ErrInProgress. If the record is
+	// finished, it is made pending again with header and body as its
+	// replayable request.
+	Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error)
+
+	// Renew extends l.Owner's lease on the pending record for key to
+	// l.Until (which may be l.At, releasing it). It returns an error
+	// matching ErrLeaseLost if the record is not pending or another owner
+	// holds it.
+	Renew(ctx context.Context, key string, l Lease) error
 
 	// Get returns the record for key, or an error matching ErrNotFound.
 	Get(ctx context.Context, key string) (Operation, error)
 
-	// Named returns the record for an operation name, or an error matching
-	// ErrNotFound.
-	Named(ctx context.Context, name string) (Operation, error)
+	// Attempt records requests written under key: it adds a.Sent to
+	// Attempts and sets LastStatus and LastError. The operation stays
+	// pending.
+	Attempt(ctx context.Context, key string, a Attempt) error
 
-	// Attempt records one attempt's outcome: it adds one to Attempts and
-	// sets LastStatus and LastError. The operation stays pending.
-	Attempt(ctx context.Context, key string, out Outcome) error
+	// Finish moves the record for key to the final state o.State, adds
+	// o.Sent to Attempts, records status and error, drops the replayable
+	// request and ends the lease.
+	Finish(ctx context.Context, key string, o Outcome) error
 
-	// Finish moves the record for key to the final state in out, records its
-	// status and error, and drops its replayable request.
-	Finish(ctx context.Context, key string, out Outcome) error
-
-	// Pending returns up to limit pending records, oldest first, starting
-	// after the record whose key is after ("" starts at the oldest). The
-	// records carry their replayable requests.
+	// Pending returns up to limit pending records with keys after after
+	// ("" starts at the first), in key order, with their replayable
+	// requests. It changes nothing. A record that cannot be read is
+	// returned with only its Key set and State 0, with an error matching
+	// ErrJournalCorrupt or ErrRecordVersion joined into err, so that no
+	// pending operation is skipped in silence.
 	Pending(ctx context.Context, after string, limit int) ([]Operation, error)
 
+	// Claim is Pending for Resume: it returns up to limit pending records
+	// with keys after after, in key order, that l.Owner holds or whose
+	// lease has lapsed at l.At, and leases each to l.Owner until l.Until.
+	// Records leased to others are skipped, and so are records another
+	// Claim is taking at the same moment. Unreadable records are reported
+	// as Pending reports them.
+	Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error)
+
 	// Sweep deletes finished records last updated before cutoff and returns
-	// how many it deleted.
+	// how many it deleted. Pending records are never swept.
 	Sweep(ctx context.Context, cutoff time.Time) (int, error)
 
-	// Close makes every change durable and releases the journal.
+	// Close makes every accepted change durable and releases the journal.
+	// Later calls of every method return an error matching ErrClosed.
 	Close() error
 }
 
-// checkKey is the key check both stores make in Reserve.
+// checkKey is the key check every store makes in Reserve.
 func checkKey(key string) error {
-	if key == "" || len(key) > maxKeyLen {
-		return fmt.Errorf("%w: %q", ErrInvalidKey, key)
+	if err := validKey(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	return nil
 }
 
 // newRecord fills in what Reserve sets on a new record: its times and, if
-// unset, the pending state. Both stores use it.
+// unset, the pending state.
 func newRecord(op *Operation, now time.Time) {
 	if op.Created.IsZero() {
 		op.Created = now

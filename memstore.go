@@ -1,11 +1,11 @@
 package idem
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -41,11 +41,15 @@ func copyOp(op *Operation) Operation {
 	return c
 }
 
-func (m *MemoryStore) check(ctx context.Context) error {
+// lock locks m and checks ctx and that m is open; on success the caller
+// must unlock m.mu.
+func (m *MemoryStore) lock(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	m.mu.Lock()
 	if m.closed {
+		m.mu.Unlock()
 		return ErrClosed
 	}
 	return nil
@@ -53,14 +57,13 @@ func (m *MemoryStore) check(ctx context.Context) error {
 
 // Reserve implements KeyStore.
 func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
-		return Operation{}, false, err
-	}
 	if err := checkKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
+	if err := m.lock(ctx); err != nil {
+		return Operation{}, false, err
+	}
+	defer m.mu.Unlock()
 	if op.Name != "" {
 		if key, ok := m.names[op.Name]; ok {
 			return copyOp(m.ops[key]), false, nil
@@ -70,6 +73,9 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 		return copyOp(ex), false, nil
 	}
 	newRecord(&op, m.now())
+	if op.State.Finished() {
+		op.Header, op.Body = nil, nil
+	}
 	rec := op // shares op.Header and op.Body, as Reserve's contract allows
 	m.ops[op.Key] = &rec
 	if op.Name != "" {
@@ -78,122 +84,128 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	return op, true, nil
 }
 
-// Reopen implements KeyStore.
-func (m *MemoryStore) Reopen(ctx context.Context, key string, header http.Header, body []byte) (Operation, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
+// Acquire implements KeyStore.
+func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
+	if err := m.lock(ctx); err != nil {
 		return Operation{}, err
 	}
+	defer m.mu.Unlock()
 	op, ok := m.ops[key]
 	if !ok {
-		return Operation{}, fmt.Errorf("reopen %s: %w", key, ErrNotFound)
+		return Operation{}, fmt.Errorf("acquire %q: %w", key, ErrNotFound)
 	}
-	op.State = StatePending
-	op.Header = header.Clone()
-	op.Body = body
+	if op.State == StatePending && l.heldByOther(op) {
+		return Operation{}, fmt.Errorf("acquire %q: leased to %q: %w", key, op.Owner, ErrInProgress)
+	}
+	if op.State != StatePending {
+		op.State = StatePending
+		op.Header, op.Body = header.Clone(), body
+	}
+	op.Owner, op.LeaseUntil = l.Owner, l.Until
 	op.Updated = m.now()
 	return copyOp(op), nil
 }
 
-// Get implements KeyStore.
-func (m *MemoryStore) Get(ctx context.Context, key string) (Operation, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
-		return Operation{}, err
+// Renew implements KeyStore.
+func (m *MemoryStore) Renew(ctx context.Context, key string, l Lease) error {
+	if err := m.lock(ctx); err != nil {
+		return err
 	}
+	defer m.mu.Unlock()
 	op, ok := m.ops[key]
 	if !ok {
-		return Operation{}, fmt.Errorf("get %s: %w", key, ErrNotFound)
+		return fmt.Errorf("renew %q: %w", key, ErrNotFound)
+	}
+	if op.State != StatePending || op.Owner != l.Owner {
+		return fmt.Errorf("renew %q: %w", key, ErrLeaseLost)
+	}
+	op.LeaseUntil = l.Until
+	return nil
+}
+
+// Get implements KeyStore.
+func (m *MemoryStore) Get(ctx context.Context, key string) (Operation, error) {
+	if err := m.lock(ctx); err != nil {
+		return Operation{}, err
+	}
+	defer m.mu.Unlock()
+	op, ok := m.ops[key]
+	if !ok {
+		return Operation{}, fmt.Errorf("get %q: %w", key, ErrNotFound)
 	}
 	return copyOp(op), nil
 }
 
-// Named implements KeyStore.
-func (m *MemoryStore) Named(ctx context.Context, name string) (Operation, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
-		return Operation{}, err
-	}
-	key, ok := m.names[name]
-	if !ok {
-		return Operation{}, fmt.Errorf("operation %q: %w", name, ErrNotFound)
-	}
-	return copyOp(m.ops[key]), nil
-}
-
 // Attempt implements KeyStore.
-func (m *MemoryStore) Attempt(ctx context.Context, key string, out Outcome) error {
+func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	return m.update(ctx, key, func(op *Operation) {
-		op.Attempts++
-		op.LastStatus, op.LastError = out.Status, out.Err
+		op.Attempts += max(a.Sent, 0)
+		op.LastStatus, op.LastError = a.Status, a.Err
 	})
 }
 
 // Finish implements KeyStore.
-func (m *MemoryStore) Finish(ctx context.Context, key string, out Outcome) error {
-	if !out.State.Finished() {
-		return fmt.Errorf("idem: finish %s: state %s is not final", key, out.State)
+func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
+	if !o.State.Finished() {
+		return fmt.Errorf("idem: finish %q: state %s is not final", key, o.State)
 	}
 	return m.update(ctx, key, func(op *Operation) {
-		op.State = out.State
-		op.Attempts += out.Attempts
-		op.LastStatus, op.LastError = out.Status, out.Err
+		op.State = o.State
+		op.Attempts += max(o.Sent, 0)
+		op.LastStatus, op.LastError = o.Status, o.Err
 		op.Header, op.Body = nil, nil
+		op.LeaseUntil = time.Time{}
+		op.URL = withoutQuery(op.URL)
 	})
 }
 
 func (m *MemoryStore) update(ctx context.Context, key string, fn func(*Operation)) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
+	if err := m.lock(ctx); err != nil {
 		return err
 	}
+	defer m.mu.Unlock()
 	op, ok := m.ops[key]
 	if !ok {
-		return fmt.Errorf("update %s: %w", key, ErrNotFound)
+		return fmt.Errorf("update %q: %w", key, ErrNotFound)
 	}
 	fn(op)
 	op.Updated = m.now()
 	return nil
 }
 
-// pendingLess orders pending records oldest first, then by key.
-func pendingLess(a, b *Operation) int {
-	if c := a.Created.Compare(b.Created); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Key, b.Key)
-}
-
-// Pending implements KeyStore. It sorts all pending records on each call,
+// Pending implements KeyStore. It sorts the pending records on each call,
 // which is fine for the test-sized journals a MemoryStore is for.
 func (m *MemoryStore) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
+	return m.pending(ctx, nil, after, limit)
+}
+
+// Claim implements KeyStore.
+func (m *MemoryStore) Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error) {
+	return m.pending(ctx, &l, after, limit)
+}
+
+// pending returns the pending records after after, in key order; with a
+// lease, only those it may take, which it leases.
+func (m *MemoryStore) pending(ctx context.Context, l *Lease, after string, limit int) ([]Operation, error) {
+	if err := m.lock(ctx); err != nil {
 		return nil, err
 	}
-	var from *Operation
-	if after != "" {
-		if from = m.ops[after]; from == nil {
-			return nil, fmt.Errorf("pending after %s: %w", after, ErrNotFound)
-		}
-	}
+	defer m.mu.Unlock()
 	var pend []*Operation
-	for _, op := range m.ops {
-		if op.State == StatePending && (from == nil || pendingLess(op, from) > 0) {
+	for key, op := range m.ops {
+		if op.State == StatePending && key > after && (l == nil || !l.heldByOther(op)) {
 			pend = append(pend, op)
 		}
 	}
-	slices.SortFunc(pend, pendingLess)
+	slices.SortFunc(pend, func(a, b *Operation) int { return strings.Compare(a.Key, b.Key) })
 	if limit > 0 && len(pend) > limit {
 		pend = pend[:limit]
 	}
 	out := make([]Operation, len(pend))
 	for i, op := range pend {
+		if l != nil {
+			op.Owner, op.LeaseUntil = l.Owner, l.Until
+		}
 		out[i] = copyOp(op)
 	}
 	return out, nil
@@ -201,11 +213,10 @@ func (m *MemoryStore) Pending(ctx context.Context, after string, limit int) ([]O
 
 // Sweep implements KeyStore.
 func (m *MemoryStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.check(ctx); err != nil {
+	if err := m.lock(ctx); err != nil {
 		return 0, err
 	}
+	defer m.mu.Unlock()
 	n := 0
 	for key, op := range m.ops {
 		if op.State.Finished() && op.Updated.Before(cutoff) {
@@ -229,4 +240,27 @@ func (m *MemoryStore) Close() error {
 	}
 	m.closed = true
 	return nil
+}
+
+// withoutQuery returns u without its query string and fragment: a finished
+// record keeps no query, which may hold secrets or personal data.
+func withoutQuery(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i]
+	}
+	return u
+}
+
+// Named returns the record for an operation name, or an error matching
+// ErrNotFound.
+func (m *MemoryStore) Named(ctx context.Context, name string) (Operation, error) {
+	if err := m.lock(ctx); err != nil {
+		return Operation{}, err
+	}
+	defer m.mu.Unlock()
+	key, ok := m.names[name]
+	if !ok {
+		return Operation{}, fmt.Errorf("operation %q: %w", name, ErrNotFound)
+	}
+	return copyOp(m.ops[key]), nil
 }

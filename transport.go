@@ -180,13 +180,12 @@ func (t *Transport) newOperation(req *http.Request, key, name string, body []byt
 		Name:        name,
 		Method:      req.Method,
 		URL:         u,
-		Scope:       req.Method + " " + req.URL.Host,
 		Fingerprint: fingerprint.Sum(req.Method, u, req.Header, body),
 		State:       StatePending,
 		Created:     now,
 		Updated:     now,
 		Owner:       t.cfg.owner,
-		LeaseUntil:  now.Add(t.cfg.policy.MaxElapsed),
+		LeaseUntil:  now.Add(t.cfg.lease),
 		Header:      t.journaledHeader(req.Header),
 		Body:        body,
 	}
@@ -254,7 +253,8 @@ func (t *Transport) takeOver(ctx context.Context, rec, op *Operation) error {
 		return fail(ErrExpired)
 	}
 	if rec.State != StatePending {
-		reopened, err := t.store.Reopen(ctx, rec.Key, op.Header, op.Body)
+		now := time.Now()
+		reopened, err := t.store.Acquire(ctx, rec.Key, Lease{Owner: t.cfg.owner, At: now, Until: now.Add(t.cfg.lease)}, op.Header, op.Body)
 		if err != nil {
 			return fail(err)
 		}
@@ -557,7 +557,7 @@ func (t *Transport) attempted(c call, status int, errText string) {
 	if c.op == nil {
 		return
 	}
-	if err := t.store.Attempt(context.Background(), c.op.Key, Outcome{State: StatePending, Status: status, Err: errText}); err != nil {
+	if err := t.store.Attempt(context.Background(), c.op.Key, Attempt{Sent: 1, Status: status, Err: errText}); err != nil {
 		t.log().Warn("idem: recording attempt", "key", c.op.Key, "err", err)
 	}
 }
@@ -572,7 +572,7 @@ func (t *Transport) finish(c call, v verdict, status int, errText string, unreco
 	if v == success {
 		state = StateSucceeded
 	}
-	out := Outcome{State: state, Status: status, Err: errText, Attempts: unrecorded}
+	out := Outcome{State: state, Status: status, Err: errText, Sent: unrecorded}
 	if err := t.store.Finish(context.Background(), c.op.Key, out); err != nil {
 		t.log().Warn("idem: finishing operation", "key", c.op.Key, "err", err)
 	}

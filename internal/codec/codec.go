@@ -34,21 +34,23 @@ var (
 // nanoseconds, with 0 meaning "not set". Header uses the same type as
 // http.Header, so callers can convert without copying.
 type Record struct {
-	Key, Name, Method, URL, Scope string
-	Fingerprint                   [32]byte
-	State                         uint8
-	Attempts, LastStatus          int64
-	LastError                     string
-	Created, Updated, LeaseUntil  int64
-	Owner                         string
-	Header                        map[string][]string
+	Key, Name, Method, URL, Host string
+	Fingerprint                  [32]byte
+	State                        uint8
+	// Flags holds boolean properties of the operation, one bit each.
+	Flags                        uint8
+	Attempts, LastStatus         int64
+	LastError                    string
+	Created, Updated, LeaseUntil int64
+	Owner                        string
+	Header                       map[string][]string
 }
 
 // Size returns an upper bound of the encoded size of r, so a caller can
 // allocate once.
 func Size(r *Record) int {
-	n := 1 + 32 + 1 + 5*binary.MaxVarintLen64 // version, fingerprint, state, ints
-	for _, s := range [...]string{r.Key, r.Name, r.Method, r.URL, r.Scope, r.LastError, r.Owner} {
+	n := 1 + 32 + 2 + 5*binary.MaxVarintLen64 // version, fingerprint, state, flags, ints
+	for _, s := range [...]string{r.Key, r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner} {
 		n += binary.MaxVarintLen64 + len(s)
 	}
 	n += binary.MaxVarintLen64
@@ -71,9 +73,9 @@ func Append(dst []byte, r *Record) []byte {
 	dst = appendString(dst, r.Name)
 	dst = appendString(dst, r.Method)
 	dst = appendString(dst, r.URL)
-	dst = appendString(dst, r.Scope)
+	dst = appendString(dst, r.Host)
 	dst = append(dst, r.Fingerprint[:]...)
-	dst = append(dst, r.State)
+	dst = append(dst, r.State, r.Flags)
 	dst = binary.AppendVarint(dst, r.Attempts)
 	dst = binary.AppendVarint(dst, r.LastStatus)
 	dst = appendString(dst, r.LastError)
@@ -125,14 +127,15 @@ func Decode(b []byte, r *Record) error {
 	r.Name = d.str()
 	r.Method = d.str()
 	r.URL = d.str()
-	r.Scope = d.str()
+	r.Host = d.str()
 	if d.err == nil {
-		if len(d.s)-d.off < 33 {
+		if len(d.s)-d.off < 34 {
 			d.fail("fingerprint")
 		} else {
 			copy(r.Fingerprint[:], d.s[d.off:d.off+32])
 			r.State = d.s[d.off+32]
-			d.off += 33
+			r.Flags = d.s[d.off+33]
+			d.off += 34
 		}
 	}
 	r.Attempts = d.varint()

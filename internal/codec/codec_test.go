@@ -14,7 +14,7 @@ import (
 func sample() codec.Record {
 	return codec.Record{
 		Key: "0190d4f2-7c1e-7a3b-9f00-000000000001", Name: "pay:order-42",
-		Method: "POST", URL: "https://api.example.com/v1/charges", Scope: "POST api.example.com",
+		Method: "POST", URL: "https://api.example.com/v1/charges", Host: "pay.internal", Flags: 3,
 		Fingerprint: [32]byte{1, 2, 3, 31: 0xff},
 		State:       1, Attempts: 3, LastStatus: 503, LastError: "connection reset",
 		Created: 1_700_000_000_000_000_001, Updated: -5, LeaseUntil: 1 << 62,
