@@ -39,7 +39,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -72,9 +73,9 @@ type Store struct {
 	ownPool bool // Open made the pool, so Close closes it
 	schema  string
 	q       queries
+	now     func() time.Time
 
-	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool
 }
 
 // Open connects to the database at dsn (a PostgreSQL URL or key=value
@@ -111,20 +112,16 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := migrate(ctx, pool, c.schema); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, schema: c.schema, q: newQueries(c.schema)}, nil
+	return &Store{pool: pool, schema: c.schema, q: newQueries(c.schema), now: time.Now}, nil
 }
 
 // Close releases the store, and closes the pool if Open made it. Later
 // calls of every method, Close included, return an error matching
 // idem.ErrClosed.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
-	s.closed = true
-	s.mu.Unlock()
 	if s.ownPool {
 		s.pool.Close()
 	}
