@@ -39,6 +39,22 @@ func (s *Store) check(ctx context.Context) error {
 	return nil
 }
 
+// ready is check for every method but Attempt and Finish: it also writes
+// the marks waiting to be written again first, so that reads see them and
+// later changes apply after them. When they cannot be written, neither
+// can this call's change: it fails with idem.ErrJournalWrite.
+func (s *Store) ready(ctx context.Context) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	if s.marks.waiting() {
+		if err := s.marks.flush(ctx); err != nil {
+			return fmt.Errorf("pgstore: writing accepted changes: %w: %w", idem.ErrJournalWrite, err)
+		}
+	}
+	return nil
+}
+
 // dbError wraps an error from PostgreSQL: the journal could not be
 // reached or could not take the change.
 func dbError(what, key string, err error) error {
@@ -151,7 +167,7 @@ func (r *row) operation() (idem.Operation, error) {
 // does nothing on a conflict with the key or the name, and a select of the
 // row that conflicted. It returns once PostgreSQL committed the new row.
 func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
 	if err := checkKey(op.Key); err != nil {
@@ -192,7 +208,7 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 
 // Acquire implements idem.KeyStore.
 func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header http.Header, body []byte) (idem.Operation, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
 	h, err := encodeHeader(header)
@@ -230,7 +246,7 @@ func (s *Store) whyNot(ctx context.Context, what, key string, refused error) err
 
 // Renew implements idem.KeyStore.
 func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return err
 	}
 	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until))
@@ -245,7 +261,7 @@ func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
 
 // Get implements idem.KeyStore.
 func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
 	var r row
@@ -259,17 +275,20 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 	return r.operation()
 }
 
-// Attempt implements idem.KeyStore. It returns after PostgreSQL committed
-// the change.
+// Attempt implements idem.KeyStore. The change is committed
+// asynchronously (see the package documentation); if PostgreSQL cannot
+// take it now, it is kept and written again until it is, and Attempt still
+// returns nil: the change is accepted.
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.update(ctx, "attempt", key, s.q.attempt, key, int64(a.Sent), int32(a.Status), a.Err, nanos(s.now()))
+	return s.mark(ctx, mark{what: "attempt", key: key, sql: s.q.attempt,
+		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(s.now())}})
 }
 
-// Finish implements idem.KeyStore. It returns after PostgreSQL committed
-// the change.
+// Finish implements idem.KeyStore. The change is committed as Attempt's
+// is.
 func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
@@ -277,23 +296,13 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
-	return s.update(ctx, "finish", key, s.q.finish, key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(s.now()))
-}
-
-func (s *Store) update(ctx context.Context, what, key, sql string, args ...any) error {
-	tag, err := s.pool.Exec(ctx, sql, args...)
-	if err != nil {
-		return dbError(what, key, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: %s %s: %w", what, key, idem.ErrNotFound)
-	}
-	return nil
+	return s.mark(ctx, mark{what: "finish", key: key, sql: s.q.finish,
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(s.now())}})
 }
 
 // Pending implements idem.KeyStore.
 func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	return s.collect(ctx, "pending", s.q.pending, after, limitArg(limit))
@@ -302,7 +311,7 @@ func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Op
 // Claim implements idem.KeyStore. It is one statement: a select of the
 // claimable rows FOR UPDATE SKIP LOCKED and an update of their lease.
 func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int) ([]idem.Operation, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until))
@@ -348,7 +357,7 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 
 // Sweep implements idem.KeyStore.
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
-	if err := s.check(ctx); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return 0, err
 	}
 	tag, err := s.pool.Exec(ctx, s.q.sweep, nanos(cutoff))

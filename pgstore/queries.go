@@ -18,7 +18,7 @@ var columns = []string{
 // Every statement is one round trip; those that change a row are one
 // implicit transaction, so one commit.
 type queries struct {
-	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep string
+	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, barrier string
 }
 
 func newQueries(schema string) queries {
@@ -41,7 +41,13 @@ func newQueries(schema string) queries {
 		params[i] = "$" + strconv.Itoa(i+1)
 	}
 	// $1 is the key and $2 the name (NULL when unnamed), as in columns.
-	r := strings.NewReplacer("{ops}", ops, "{cols}", cols, "{o.cols}", prefixed,
+	// {async} makes a mark's commit asynchronous: PostgreSQL answers
+	// before the WAL is flushed, which the next synchronous commit (a
+	// Reserve, or Close's barrier) or the WAL writer does within a few
+	// hundred milliseconds. Only a crash of the server itself in that window
+	// loses the mark (see the package documentation).
+	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
+	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or
@@ -82,15 +88,15 @@ func newQueries(schema string) queries {
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
 		// Attempt: $2 sent, $3 status, $4 error, $5 updated.
-		attempt: r.Replace(`UPDATE {ops} SET attempts = attempts + GREATEST($2, 0), last_status = $3, last_error = $4, updated = $5
-		WHERE key = $1`),
+		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + GREATEST($2, 0), last_status = $3, last_error = $4, updated = $5
+		WHERE key = $1 AND (SELECT true FROM async)`),
 
 		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated. The
 		// replayable request goes, and so does the URL's query; the lease
 		// ends.
-		finish: r.Replace(`UPDATE {ops} SET state = $2, attempts = attempts + GREATEST($3, 0), last_status = $4, last_error = $5,
+		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + GREATEST($3, 0), last_status = $4, last_error = $5,
 			updated = $6, header = NULL, body = NULL, lease_until = 0, url = split_part(url, '?', 1)
-		WHERE key = $1`),
+		WHERE key = $1 AND (SELECT true FROM async)`),
 
 		// Pending: $1 after, $2 limit (NULL: no limit).
 		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),
@@ -109,5 +115,10 @@ func newQueries(schema string) queries {
 		RETURNING {o.cols}`),
 
 		sweep: r.Replace(`DELETE FROM {ops} WHERE state <> 1 AND updated < $1`),
+
+		// barrier commits a transaction that has an id, so its commit
+		// flushes the WAL (synchronous_commit on), and with it every
+		// asynchronous commit before it.
+		barrier: `SELECT pg_current_xact_id()::text`,
 	}
 }

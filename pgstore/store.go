@@ -74,6 +74,7 @@ type Store struct {
 	schema  string
 	q       queries
 	now     func() time.Time
+	marks   *marks
 
 	closed atomic.Bool
 }
@@ -112,20 +113,35 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := migrate(ctx, pool, c.schema); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, schema: c.schema, q: newQueries(c.schema), now: time.Now}, nil
+	return &Store{pool: pool, schema: c.schema, q: newQueries(c.schema), now: time.Now, marks: newMarks(pool)}, nil
 }
 
-// Close releases the store, and closes the pool if Open made it. Later
-// calls of every method, Close included, return an error matching
-// idem.ErrClosed.
+// Close makes every accepted change durable, releases the store, and
+// closes the pool if Open made it. If PostgreSQL cannot take the changes
+// within a few seconds, Close returns an error matching
+// idem.ErrJournalWrite: those changes may be lost. Later calls of every
+// method, Close included, return an error matching idem.ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
+	err := s.marks.close()
+	if err != nil {
+		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
+	} else if err = retry(closeFlushTimeout, s.barrier); err != nil {
+		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
+	}
 	if s.ownPool {
 		s.pool.Close()
 	}
-	return nil
+	return err
+}
+
+// barrier returns once every change committed asynchronously is on disk:
+// it commits a transaction synchronously, which flushes the WAL before it.
+func (s *Store) barrier(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, s.q.barrier)
+	return err
 }
 
 // Pool returns the connection pool the store uses.

@@ -15,6 +15,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
+	"github.com/idemgo/idem/storetest"
 )
 
 func testContext(t *testing.T) context.Context {
@@ -105,4 +106,55 @@ func TestOpenUnreachable(t *testing.T) {
 	_, err := pgstore.Open(ctx, "postgres://idem@127.0.0.1:1/none?connect_timeout=5")
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, idem.ErrJournalWrite), "got %v", err)
+}
+
+// TestMarksSurviveOutage finishes an operation while PostgreSQL is away:
+// Finish accepts the change, reads fail closed meanwhile, and once the
+// server is back the change is there, for this store's reads and, after
+// Close, for every replica's.
+func TestMarksSurviveOutage(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	schema := pgtest.Schema(t, dsn)
+	p, viaProxy := newProxy(t, dsn)
+	ctx := testContext(t)
+	s, err := pgstore.Open(ctx, viaProxy, pgstore.WithSchema(schema))
+	require.NoError(t, err)
+	for _, k := range []string{"k1", "k2"} {
+		_, _, err := s.Reserve(ctx, storetest.NewOperation(k))
+		require.NoError(t, err)
+	}
+
+	p.Down()
+	require.NoError(t, s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}), "Finish while PostgreSQL is away")
+	_, err = s.Get(ctx, "k1")
+	require.ErrorIs(t, err, idem.ErrJournalWrite, "Get while PostgreSQL is away")
+	_, _, err = s.Reserve(ctx, storetest.NewOperation("k3"))
+	require.ErrorIs(t, err, idem.ErrJournalWrite, "Reserve while PostgreSQL is away")
+
+	p.Up()
+	var rec idem.Operation
+	for try := 0; ; try++ { // each connection cut while idle fails once
+		if rec, err = s.Get(ctx, "k1"); err == nil || try > int(s.Pool().Config().MaxConns)+1 {
+			break
+		}
+	}
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, "k1 after PostgreSQL came back")
+
+	p.Down()
+	require.NoError(t, s.Attempt(ctx, "k2", idem.Attempt{Sent: 1, Status: 503}), "Attempt while PostgreSQL is away")
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	p.Up()
+	require.NoError(t, <-closed, "Close writes the accepted change once PostgreSQL is back")
+
+	other, err := pgstore.Open(ctx, dsn, pgstore.WithSchema(schema))
+	require.NoError(t, err)
+	defer other.Close()
+	rec, err = other.Get(ctx, "k2")
+	require.NoError(t, err)
+	assert.Equal(t, 1, rec.Attempts)
+	assert.Equal(t, 503, rec.LastStatus)
+	_, err = other.Get(ctx, "k3")
+	assert.ErrorIs(t, err, idem.ErrNotFound, "the failed Reserve left no record")
 }
