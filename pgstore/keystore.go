@@ -166,6 +166,8 @@ func (r *row) operation() (idem.Operation, error) {
 // Reserve implements idem.KeyStore. It is one statement: an insert that
 // does nothing on a conflict with the key or the name, and a select of the
 // row that conflicted. It returns once PostgreSQL committed the new row.
+// Reservations made at the same moment share a round trip and a commit
+// (see reserver).
 func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
@@ -188,6 +190,15 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
 		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body}
+	res := s.reserver.do(ctx, op, args)
+	if res.alone {
+		return s.reserveOne(ctx, op, args)
+	}
+	return res.rec, res.created, res.err
+}
+
+// reserveOne is Reserve's statement, run on its own.
+func (s *Store) reserveOne(ctx context.Context, op idem.Operation, args []any) (idem.Operation, bool, error) {
 	for range reserveTries {
 		var r row
 		var created bool
@@ -197,13 +208,20 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 			continue // lost a race to a row committed after the snapshot
 		case err != nil:
 			return idem.Operation{}, false, dbError("reserve", op.Key, err)
-		case created:
-			return op, true, nil // shares op.Header and op.Body, as the contract allows
 		}
-		rec, err := r.operation()
-		return rec, false, err
+		return reserved(op, &r, created)
 	}
 	return idem.Operation{}, false, dbError("reserve", op.Key, errors.New("the conflicting row kept changing"))
+}
+
+// reserved returns Reserve's result for op from the row its statement
+// returned.
+func reserved(op idem.Operation, r *row, created bool) (idem.Operation, bool, error) {
+	if created {
+		return op, true, nil // shares op.Header and op.Body, as the contract allows
+	}
+	rec, err := r.operation()
+	return rec, false, err
 }
 
 // Acquire implements idem.KeyStore.

@@ -69,12 +69,13 @@ func WithSchema(name string) Option {
 // Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
 // many goroutines and by many processes sharing one database.
 type Store struct {
-	pool    *pgxpool.Pool
-	ownPool bool // Open made the pool, so Close closes it
-	schema  string
-	q       queries
-	now     func() time.Time
-	marks   *marks
+	pool     *pgxpool.Pool
+	ownPool  bool // Open made the pool, so Close closes it
+	schema   string
+	q        queries
+	now      func() time.Time
+	marks    *marks
+	reserver *reserver
 
 	closed atomic.Bool
 }
@@ -113,7 +114,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := migrate(ctx, pool, c.schema); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, schema: c.schema, q: newQueries(c.schema), now: time.Now, marks: newMarks(pool)}, nil
+	q := newQueries(c.schema)
+	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), reserver: newReserver(pool, q.reserve)}, nil
 }
 
 // Close makes every accepted change durable, releases the store, and
@@ -125,6 +127,7 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
+	s.reserver.close()
 	err := s.marks.close()
 	if err != nil {
 		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
