@@ -301,7 +301,7 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.mark(ctx, mark{what: "attempt", key: key, sql: s.q.attempt,
+	return s.mark(mark{what: "attempt", key: key, sql: s.q.attempt,
 		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(s.now())}})
 }
 
@@ -314,7 +314,7 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
-	return s.mark(ctx, mark{what: "finish", key: key, sql: s.q.finish,
+	return s.mark(mark{what: "finish", key: key, sql: s.q.finish,
 		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(s.now())}})
 }
 

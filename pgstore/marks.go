@@ -9,14 +9,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemgo/idem"
 )
 
 // mark is an accepted Attempt or Finish: one statement and its arguments.
 type mark struct {
 	what, key, sql string
 	args           []any
+	result         error // set by a group: nil, or ErrNotFound
 }
 
 // Bounds of writing marks again.
@@ -155,23 +154,19 @@ func retry(timeout time.Duration, fn func(context.Context) error) error {
 	}
 }
 
-// mark writes m now, with an asynchronous commit, unless marks wait
-// already: then, or if PostgreSQL does not take it, it waits its turn in
-// the background. Either way the change is accepted. Only a key with no
-// record is refused, with idem.ErrNotFound.
-func (s *Store) mark(ctx context.Context, m mark) error {
-	if !s.marks.waiting() {
-		tag, err := s.pool.Exec(ctx, m.sql, m.args...)
-		switch {
-		case err == nil && tag.RowsAffected() == 0:
-			return fmt.Errorf("pgstore: %s %s: %w", m.what, m.key, idem.ErrNotFound)
-		case err == nil:
-			return nil
-		}
-		// The statement may or may not have committed (a connection that
-		// broke after the commit): writing it again may count an attempt
-		// twice, which is better than losing a finish.
+// mark writes m with the marks of other calls made at the same moment,
+// in one round trip and one asynchronous commit, unless marks wait
+// already: then, or if PostgreSQL does not take the group, it waits its
+// turn in the background. Either way the change is accepted. Only a key
+// with no record is refused, with idem.ErrNotFound.
+func (s *Store) mark(m mark) error {
+	if s.marks.waiting() || !s.markGroups.do(&m) {
+		// The group may or may not have committed (a connection that broke
+		// after the commit): writing it again may count an attempt twice,
+		// which is better than losing a finish.
+		m.result = nil
+		s.marks.add(m)
+		return nil
 	}
-	s.marks.add(m)
-	return nil
+	return m.result
 }

@@ -69,13 +69,14 @@ func WithSchema(name string) Option {
 // Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
 // many goroutines and by many processes sharing one database.
 type Store struct {
-	pool     *pgxpool.Pool
-	ownPool  bool // Open made the pool, so Close closes it
-	schema   string
-	q        queries
-	now      func() time.Time
-	marks    *marks
-	reserver *reserver
+	pool       *pgxpool.Pool
+	ownPool    bool // Open made the pool, so Close closes it
+	schema     string
+	q          queries
+	now        func() time.Time
+	marks      *marks
+	markGroups *markGroups
+	reserver   *reserver
 
 	closed atomic.Bool
 }
@@ -115,7 +116,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 		return nil, err
 	}
 	q := newQueries(c.schema)
-	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), reserver: newReserver(pool, q.reserve)}, nil
+	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
 }
 
 // Close makes every accepted change durable, releases the store, and
@@ -128,6 +129,7 @@ func (s *Store) Close() error {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
 	s.reserver.close()
+	s.markGroups.close()
 	err := s.marks.close()
 	if err != nil {
 		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
