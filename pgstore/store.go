@@ -16,11 +16,34 @@
 // operation twice.
 //
 // Durability: Reserve, Acquire and Renew return after PostgreSQL committed
-// their change (one statement, one round trip, one commit each), so with the
-// server's default synchronous_commit=on the reservation is on disk before
-// the transport sends anything. When PostgreSQL cannot be reached, Reserve
-// fails with an error matching idem.ErrJournalWrite and nothing is sent;
-// it works again as soon as the server is back.
+// their change, so with the server's default synchronous_commit=on a
+// reservation is on disk before the transport sends anything. A Reserve is
+// one statement (an insert that does nothing on a conflict, and a select of
+// the row it conflicted with): one round trip and one commit. Reservations
+// made at the same moment share them: one goroutine sends everything queued
+// while its last group ran as one pipeline, which PostgreSQL runs as one
+// transaction (group commit, no timer; a lone call is a group of one).
+//
+// Attempt and Finish marks are grouped the same way and committed
+// ASYNCHRONOUSLY (synchronous_commit=off for their transaction only):
+// PostgreSQL answers before its WAL is flushed, and the next synchronous
+// commit — any replica's next reservation — or the WAL writer, within
+// 3 × wal_writer_delay (600 ms by default), flushes it. A crash of the
+// PostgreSQL server inside that window can lose a mark: the operation is
+// then still pending, and Resume sends it again under its key, so the
+// provider replays its answer. A crash of the replica loses nothing once
+// Finish returned. If PostgreSQL cannot take a mark (a broken connection,
+// the server away), the store keeps it and writes it again until it can;
+// reads and changes of this store write waiting marks first, and Close
+// makes every mark durable or returns an error matching
+// idem.ErrJournalWrite.
+//
+// Failures: every error from PostgreSQL — unreachable, restarted,
+// terminated connections, a read that failed — matches
+// idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
+// transport sends nothing, and the store works again as soon as the pool
+// reaches the server (each connection the server closed while idle fails
+// once before the pool drops it).
 //
 // Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
 // unless WithSchema names another) and creates or migrates them on Open and

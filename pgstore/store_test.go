@@ -158,3 +158,41 @@ func TestMarksSurviveOutage(t *testing.T) {
 	_, err = other.Get(ctx, "k3")
 	assert.ErrorIs(t, err, idem.ErrNotFound, "the failed Reserve left no record")
 }
+
+// TestUnreadableRecords writes rows this version cannot read: one from a
+// newer record format, one damaged. Get reports each with its sentinel;
+// Pending and Claim return them with only their key, and the errors
+// joined, so that no pending operation is skipped in silence.
+func TestUnreadableRecords(t *testing.T) {
+	s := openStore(t)
+	ctx := testContext(t)
+	for _, k := range []string{"a-ok", "b-newer", "c-damaged"} {
+		_, _, err := s.Reserve(ctx, storetest.NewOperation(k))
+		require.NoError(t, err)
+	}
+	ops := pgx.Identifier{s.Schema(), "operations"}.Sanitize()
+	_, err := s.Pool().Exec(ctx, `UPDATE `+ops+` SET version = 2 WHERE key = 'b-newer'`)
+	require.NoError(t, err)
+	_, err = s.Pool().Exec(ctx, `UPDATE `+ops+` SET header = '{not json' WHERE key = 'c-damaged'`)
+	require.NoError(t, err)
+
+	_, err = s.Get(ctx, "b-newer")
+	assert.ErrorIs(t, err, idem.ErrRecordVersion)
+	_, err = s.Get(ctx, "c-damaged")
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
+
+	for name, list := range map[string]func() ([]idem.Operation, error){
+		"Pending": func() ([]idem.Operation, error) { return s.Pending(ctx, "", 0) },
+		"Claim": func() ([]idem.Operation, error) {
+			return s.Claim(ctx, idem.Lease{Owner: "owner-a", At: time.Now(), Until: time.Now().Add(time.Minute)}, "", 0)
+		},
+	} {
+		got, err := list()
+		assert.ErrorIs(t, err, idem.ErrRecordVersion, name)
+		assert.ErrorIs(t, err, idem.ErrJournalCorrupt, name)
+		require.Len(t, got, 3, name)
+		assert.Equal(t, idem.StatePending, got[0].State, name)
+		assert.Equal(t, idem.Operation{Key: "b-newer"}, got[1], name)
+		assert.Equal(t, idem.Operation{Key: "c-damaged"}, got[2], name)
+	}
+}
