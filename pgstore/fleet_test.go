@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -334,13 +336,47 @@ func TestTerminatedBackends(t *testing.T) {
 func TestCutMidTraffic(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	p, viaProxy := newProxy(t, dsn)
+	payThroughDisruptions(t, dsn, viaProxy, 60, 4, p.Cut)
+}
+
+// TestServerRestart restarts PostgreSQL itself while replicas pay orders
+// (the restart starts halfway and runs beside the rest of them),
+// with the command in IDEM_TEST_PG_RESTART (for example "pg_ctlcluster 15
+// main restart", as root). A restart disturbs every session on the server,
+// other test packages' too, so CI does not set it; TestCutMidTraffic and
+// TestTerminatedBackends do the same to this test's connections only.
+func TestServerRestart(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	cmd := os.Getenv("IDEM_TEST_PG_RESTART")
+	if cmd == "" {
+		t.Skip("set IDEM_TEST_PG_RESTART to a command that restarts the test server to run this test")
+	}
+	// The restart runs while payments go on, and the test waits for it.
+	var restart sync.WaitGroup
+	defer restart.Wait()
+	payThroughDisruptions(t, dsn, dsn, 400, 1, func() {
+		restart.Go(func() {
+			if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
+				t.Errorf("restart: %v: %s", err, out)
+			}
+		})
+	})
+}
+
+// payThroughDisruptions has two replicas on the journal at storeDSN pay
+// orders orders, disrupting PostgreSQL as the charges run, disruptions times in
+// all. Every payment that fails is re-driven by name;
+// one that failed because the journal was away is re-driven until it is
+// back. Then both replicas close (writing the marks PostgreSQL refused),
+// and a third one, on dsn, finds nothing to resume.
+func payThroughDisruptions(t *testing.T, dsn, storeDSN string, orders, disruptions int, disrupt func()) {
 	ctx := testContext(t)
 	schema := pgtest.Schema(t, dsn)
-	const orders, workers, cuts = 60, 6, 4
+	const workers = 6
 	var runs atomic.Int64
 	srv := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n := runs.Add(1); n%(orders/(cuts+1)) == 0 {
-			p.Cut() // as the charge runs: the mark that follows meets a dead connection
+		if n, every := runs.Add(1), int64(orders/(disruptions+1)); n%every == 0 && n/every <= int64(disruptions) {
+			disrupt() // as the charge runs, holding its answer: its mark meets a dead connection, other calls a dead server
 		}
 		charges(w, r)
 	}))
@@ -348,7 +384,7 @@ func TestCutMidTraffic(t *testing.T) {
 
 	var clients []*idem.Client
 	for range 2 {
-		s, err := pgstore.Open(ctx, viaProxy, pgstore.WithSchema(schema))
+		s, err := pgstore.Open(ctx, storeDSN, pgstore.WithSchema(schema))
 		require.NoError(t, err)
 		clients = append(clients, idem.New(s, quickRetries))
 	}
@@ -359,17 +395,20 @@ func TestCutMidTraffic(t *testing.T) {
 		c := clients[w%len(clients)]
 		wg.Go(func() {
 			for i := range jobs {
-				for try := range 20 {
+				for try := 0; ; {
 					status, err := pay(ctx, c.HTTPClient(), srv.URL, fmt.Sprintf("order-%d", i))
 					if err == nil && status == http.StatusCreated {
 						break
 					}
 					failures.Add(1)
-					if errors.Is(err, idem.ErrJournalWrite) {
+					if errors.Is(err, idem.ErrJournalWrite) && ctx.Err() == nil {
 						journalErrs.Add(1)
+						time.Sleep(10 * time.Millisecond) // the journal is away: nothing was sent; wait for it
+						continue
 					}
-					if try == 19 {
+					if try++; try == 20 {
 						t.Errorf("order-%d: still failing: %d, %v", i, status, err)
+						break
 					}
 				}
 			}
