@@ -193,9 +193,9 @@ type KeyStore interface {
 	// Pending returns up to limit pending records with keys after after
 	// ("" starts at the first), in key order, with their replayable
 	// requests. It changes nothing. A record that cannot be read is
-	// returned with only its Key set and State 0, with an error matching
-	// ErrJournalCorrupt or ErrRecordVersion joined into err, so that no
-	// pending operation is skipped in silence.
+	// returned with only its Key, State 0 and LastError saying why set,
+	// and an error matching ErrJournalCorrupt or ErrRecordVersion is joined
+	// into err, so that no pending operation is skipped in silence.
 	Pending(ctx context.Context, after string, limit int) ([]Operation, error)
 
 	// Claim is Pending for Resume: it returns up to limit pending records

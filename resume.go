@@ -146,7 +146,10 @@ func unreadableError(op Operation, storeErr error) error {
 	if errors.Is(storeErr, ErrRecordVersion) && !errors.Is(storeErr, ErrJournalCorrupt) {
 		cause = ErrRecordVersion
 	}
-	return &Error{Key: op.Key, Cause: cause, Err: errors.New(op.LastError)}
+	if op.LastError != "" {
+		storeErr = errors.New(op.LastError)
+	}
+	return &Error{Key: op.Key, Cause: cause, Err: storeErr}
 }
 
 // resumeOne sends one claimed operation, unless it is in flight here, and
