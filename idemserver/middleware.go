@@ -354,14 +354,14 @@ func (m *Middleware) maybeSweep() {
 // headers and the body, each length-prefixed.
 func (m *Middleware) fingerprint(r *http.Request, body []byte) string {
 	d := sha256.New()
-	put(d, r.URL.RawQuery)
+	hashString(d, r.URL.RawQuery)
 	for _, k := range m.cfg.fpHeaders {
 		for _, v := range r.Header.Values(k) {
-			put(d, k)
-			put(d, v)
+			hashString(d, k)
+			hashString(d, v)
 		}
 	}
-	put(d, string(body))
+	hashString(d, string(body))
 	return hex.EncodeToString(d.Sum(nil))
 }
 
@@ -370,15 +370,15 @@ func (m *Middleware) fingerprint(r *http.Request, body []byte) string {
 // store holds no principal in the clear.
 func scopeID(principal, method, path, key string) string {
 	d := sha256.New()
-	put(d, "idemserver/v1")
-	put(d, principal)
-	put(d, method)
-	put(d, path)
-	put(d, key)
+	hashString(d, "idemserver/v1")
+	hashString(d, principal)
+	hashString(d, method)
+	hashString(d, path)
+	hashString(d, key)
 	return hex.EncodeToString(d.Sum(nil))
 }
 
-func put(d hash.Hash, s string) {
+func hashString(d hash.Hash, s string) {
 	var n [8]byte
 	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
 	d.Write(n[:])
