@@ -240,10 +240,10 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, key 
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	stopRenew()
 
-	status := rec.status
-	if status == 0 {
-		status = http.StatusOK
+	if rec.status == 0 { // the handler wrote nothing: net/http would answer 200
+		rec.WriteHeader(http.StatusOK)
 	}
+	status := rec.status
 	switch why := u.keep(status, rec); why {
 	case "":
 		resp := &Response{Status: status, Header: pick(rec.sent, m.cfg.replay), Body: rec.body.Bytes()}

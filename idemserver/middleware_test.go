@@ -277,6 +277,9 @@ func TestNotStored(t *testing.T) {
 		{name: "404 when client errors are not stored", opts: []idemserver.Option{idemserver.WithStoreClientErrors(false)}, first: status(404)},
 		{name: "404 stored by default", first: status(404), stored: true},
 		{name: "400 stored by default", first: status(400), stored: true},
+		{name: "handler that writes nothing", first: func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Location", "/v1/orders/7")
+		}, stored: true},
 		{name: "response at the limit", opts: []idemserver.Option{idemserver.WithMaxResponseBytes(64)},
 			first: func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(strings.Repeat("z", 64))) }, stored: true, clientBytes: 64},
 	}
@@ -305,6 +308,7 @@ func TestNotStored(t *testing.T) {
 					assert.Equal(t, "true", w2.Header().Get(idemserver.ReplayedHeader))
 					assert.Equal(t, w1.Code, w2.Code)
 					assert.Equal(t, w1.Body.String(), w2.Body.String())
+					assert.Equal(t, w1.Header().Get("Location"), w2.Header().Get("Location"))
 					return
 				}
 				assert.EqualValues(t, 2, a.runs.Load(), "the key was released, so the retry ran the handler")
