@@ -20,6 +20,7 @@ type Client struct {
 	http *http.Client
 
 	resuming chan struct{} // holds a token while a Resume runs
+	shut     chan struct{} // closed when Shutdown begins
 
 	stop chan struct{} // closed by Close to stop the background resumer
 	done chan struct{} // closed when the background resumer has returned
@@ -56,7 +57,7 @@ func newClient(store KeyStore, cfg config) *Client {
 		recent: recentCalls{window: cfg.matchWindow},
 	}
 	t := &Transport{cfg: cfg, j: j}
-	c := &Client{t: t, resuming: make(chan struct{}, 1)}
+	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}
 	j.maybeSweep() // the first sweep runs at once, in the background
 	if cfg.resumeEvery > 0 {
@@ -106,6 +107,7 @@ func (c *Client) Shutdown(ctx context.Context) error {
 
 func (c *Client) shutdown(ctx context.Context) error {
 	j := c.t.j
+	close(c.shut)
 	idle, _ := j.calls.close()
 	if c.stop != nil {
 		close(c.stop)
@@ -118,6 +120,9 @@ func (c *Client) shutdown(ctx context.Context) error {
 		waitErr = fmt.Errorf("idem: shutdown: %d calls still in flight stay pending: %w", j.calls.count(), context.Cause(ctx))
 	}
 	j.sweeps.Wait()
-	c.resuming <- struct{}{} // wait for a Resume still running
+	select {
+	case c.resuming <- struct{}{}: // wait for a Resume still running; none starts after this
+	case <-ctx.Done():
+	}
 	return errors.Join(waitErr, j.store.Close())
 }

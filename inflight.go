@@ -1,6 +1,10 @@
 package idem
 
-import "sync"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // inflight is the set of operations this process is sending, by key and by
 // name, so that no operation is sent twice at once: not by two calls, nor
@@ -109,4 +113,75 @@ func (f *inflight) busy(key, name string) bool {
 	_, k := f.ids[flightID{id: key}]
 	_, n := f.ids[flightID{name: true, id: name}]
 	return k || n && name != ""
+}
+
+// calls counts the live calls of a Transport, so that Close can wait for
+// them, and refuses new ones once closing began.
+type calls struct {
+	mu      sync.Mutex
+	n       int
+	closing bool
+	idle    chan struct{} // closed when n drops to 0 while closing
+}
+
+// begin counts a new call, or reports false once closing began.
+func (c *calls) begin() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return false
+	}
+	c.n++
+	return true
+}
+
+func (c *calls) done() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n--
+	if c.n == 0 && c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+}
+
+// close refuses new calls and returns a channel closed when none is left,
+// and how many are still running.
+func (c *calls) close() (<-chan struct{}, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closing = true
+	ch := make(chan struct{})
+	if c.n == 0 {
+		close(ch)
+	} else {
+		c.idle = ch
+	}
+	return ch, c.n
+}
+
+// count returns how many calls are running.
+func (c *calls) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// waitFor waits until ch is closed (if not nil) or d has passed (if d > 0),
+// or ctx ends, and then returns its cause.
+func waitFor(ctx context.Context, ch <-chan struct{}, d time.Duration) error {
+	var tc <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-tc:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

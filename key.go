@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -108,4 +110,64 @@ func validKey(k string) error {
 		}
 	}
 	return nil
+}
+
+// recentCalls remembers, for a short while, the calls that ended without a
+// definite answer (in doubt, or with a transient status), by payload
+// fingerprint: a caller's resend of the same payload (an SDK's own retry
+// loop, a double submit) reuses their key instead of getting a new one.
+type recentCalls struct {
+	mu      sync.Mutex
+	window  time.Duration
+	entries map[[32]byte]recentCall
+}
+
+type recentCall struct {
+	key string
+	at  time.Time
+}
+
+// maxRecent bounds the index; older entries are pruned first.
+const maxRecent = 4096
+
+func (r *recentCalls) add(fp [32]byte, key string) {
+	if r.window <= 0 {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.entries == nil {
+		r.entries = make(map[[32]byte]recentCall)
+	}
+	if len(r.entries) >= maxRecent {
+		for k, e := range r.entries {
+			if now.Sub(e.at) > r.window {
+				delete(r.entries, k)
+			}
+		}
+		if len(r.entries) >= maxRecent {
+			return
+		}
+	}
+	r.entries[fp] = recentCall{key: key, at: now}
+}
+
+func (r *recentCalls) forget(fp [32]byte, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.entries[fp]; ok && e.key == key {
+		delete(r.entries, fp)
+	}
+}
+
+// match returns the key of a recent call with fingerprint fp.
+func (r *recentCalls) match(fp [32]byte) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[fp]
+	if !ok || time.Since(e.at) > r.window {
+		return "", false
+	}
+	return e.key, true
 }

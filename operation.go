@@ -109,7 +109,9 @@ type operation struct {
 	unrecorded int          // of those, not yet recorded with Attempt
 	mayHave    bool         // a request of this call may have reached the server
 	status     int          // status of the last response, or 0
+	renewMu    sync.Mutex   // held while renewing, and by end
 	renew      *time.Timer
+	ended      bool
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
@@ -235,8 +237,14 @@ func (o *operation) start() {
 	}
 }
 
-// renewLease extends the lease and schedules the next renewal.
+// renewLease extends the lease and schedules the next renewal, unless the
+// operation ended meanwhile.
 func (o *operation) renewLease() {
+	o.renewMu.Lock()
+	defer o.renewMu.Unlock()
+	if o.ended {
+		return
+	}
 	if err := o.j.store.Renew(context.Background(), o.rec.Key, o.j.newLease(time.Now())); err != nil {
 		o.j.log.Warn("idem: renewing operation lease", "idem.key", o.rec.Key, "err", err)
 		return
@@ -296,9 +304,12 @@ func (o *operation) recordAttempt(status int, errText string) {
 // end runs once when the operation ends, however it ends.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
+		o.renewMu.Lock()
+		o.ended = true
 		if o.renew != nil {
 			o.renew.Stop()
 		}
+		o.renewMu.Unlock()
 		fn()
 		o.j.flight.release(o.ids)
 		if o.live {
@@ -454,135 +465,4 @@ func (b *answerBody) Close() error {
 	err := b.rc.Close()
 	b.o.received(b.v, b.doubt)
 	return err
-}
-
-// recentCalls remembers, for a short while, the calls that ended without a
-// definite answer (in doubt, or with a transient status), by payload
-// fingerprint: a caller's resend of the same payload (an SDK's own retry
-// loop, a double submit) reuses their key instead of getting a new one.
-type recentCalls struct {
-	mu      sync.Mutex
-	window  time.Duration
-	entries map[[32]byte]recentCall
-}
-
-type recentCall struct {
-	key string
-	at  time.Time
-}
-
-// maxRecent bounds the index; older entries are pruned first.
-const maxRecent = 4096
-
-func (r *recentCalls) add(fp [32]byte, key string) {
-	if r.window <= 0 {
-		return
-	}
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.entries == nil {
-		r.entries = make(map[[32]byte]recentCall)
-	}
-	if len(r.entries) >= maxRecent {
-		for k, e := range r.entries {
-			if now.Sub(e.at) > r.window {
-				delete(r.entries, k)
-			}
-		}
-		if len(r.entries) >= maxRecent {
-			return
-		}
-	}
-	r.entries[fp] = recentCall{key: key, at: now}
-}
-
-func (r *recentCalls) forget(fp [32]byte, key string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.entries[fp]; ok && e.key == key {
-		delete(r.entries, fp)
-	}
-}
-
-// match returns the key of a recent call with fingerprint fp.
-func (r *recentCalls) match(fp [32]byte) (string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[fp]
-	if !ok || time.Since(e.at) > r.window {
-		return "", false
-	}
-	return e.key, true
-}
-
-// calls counts the live calls of a Transport, so that Close can wait for
-// them, and refuses new ones once closing began.
-type calls struct {
-	mu      sync.Mutex
-	n       int
-	closing bool
-	idle    chan struct{} // closed when n drops to 0 while closing
-}
-
-// begin counts a new call, or reports false once closing began.
-func (c *calls) begin() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closing {
-		return false
-	}
-	c.n++
-	return true
-}
-
-func (c *calls) done() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n--
-	if c.n == 0 && c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
-}
-
-// close refuses new calls and returns a channel closed when none is left,
-// and how many are still running.
-func (c *calls) close() (<-chan struct{}, int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closing = true
-	ch := make(chan struct{})
-	if c.n == 0 {
-		close(ch)
-	} else {
-		c.idle = ch
-	}
-	return ch, c.n
-}
-
-// count returns how many calls are running.
-func (c *calls) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
-}
-
-// waitFor waits until ch is closed (if not nil) or d has passed (if d > 0),
-// or ctx ends, and then returns its cause.
-func waitFor(ctx context.Context, ch <-chan struct{}, d time.Duration) error {
-	var tc <-chan time.Time
-	if d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		tc = t.C
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-tc:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

@@ -55,6 +55,8 @@ type resumed struct {
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
 	select {
 	case c.resuming <- struct{}{}:
+	case <-c.shut:
+		return fmt.Errorf("idem: resume: %w", ErrClosed)
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
