@@ -63,7 +63,7 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 	}
 	if fs.e == nil {
 		fs.e = &flightEntry{done: make(chan struct{})}
-		if !fs.ids[0].name {
+		if fs.n == 1 { // a key of its own; a name's key is known once reserved
 			fs.e.key = fs.ids[0].id
 		}
 	}
@@ -71,6 +71,13 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 		f.ids[id] = fs.e
 	}
 	return nil, ""
+}
+
+// setKey records the journaled key of the operation fs holds.
+func (f *inflight) setKey(fs *flights, key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fs.e.key = key
 }
 
 // rekey moves the operation fs holds from its candidate key to key, the

@@ -133,15 +133,17 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 			continue
 		}
 		o, wait, err := j.reserve(ctx, &op, &ids, matched)
-		if err == nil && wait == nil {
+		if err == nil {
 			return o, nil
 		}
 		j.flight.release(ids)
 		var ie *Error
 		switch {
-		case wait != nil: // the name's key is busy here
-			if err := waitFor(ctx, wait, 0); err != nil {
-				return nil, &Error{Key: ids.e.key, Name: op.Name, Cause: ErrInProgress, Err: err}
+		case wait != nil: // the name's key is busy here; err says which
+			if werr := waitFor(ctx, wait, 0); werr != nil {
+				errors.As(err, &ie)
+				ie.Err = werr
+				return nil, ie
 			}
 		case errors.Is(err, errMatchSettled):
 			key, kerr := newKey()
@@ -166,26 +168,29 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 var errMatchSettled = errors.New("idem: the matched operation has a definite answer")
 
 // reserve is one try of begin, with ids held. If the name's key is in
-// flight here it returns the channel to wait on.
+// flight here it returns the channel to wait on, with an *Error for the
+// case that the wait ends first.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
 		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
 	}
 	if created {
+		j.flight.setKey(ids, rec.Key)
 		o := &operation{j: j, rec: rec, ids: *ids, live: true}
 		o.start()
 		return o, nil, nil
 	}
 	if rec.Key != op.Key { // the name already had a key
 		if wait := j.flight.rekey(ids, rec.Key); wait != nil {
-			return nil, wait, nil
+			return nil, wait, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
 		}
 	}
 	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
 		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
 	}
-	if matched && (rec.State == StateSucceeded || rec.State == StateFailed && !transientStatus(rec.LastStatus)) {
+	if matched && (rec.State == StateSucceeded || rec.State == StateExpired ||
+		rec.State == StateFailed && !transientStatus(rec.LastStatus)) {
 		return nil, nil, errMatchSettled
 	}
 	if rec.Fingerprint != op.Fingerprint {
