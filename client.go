@@ -59,6 +59,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}
+	j.anchorClock()
 	j.maybeSweep() // the first sweep runs at once, in the background
 	if cfg.resumeEvery > 0 {
 		c.stop, c.done = make(chan struct{}), make(chan struct{})

@@ -148,6 +148,11 @@ type Outcome struct {
 // not: a Finish followed by a Get returns the finished record.
 //
 // Records are ordered by key (for UUIDv7 keys, the order they were made).
+//
+// A store may also have a method LastChange(ctx) (time.Time, error) that
+// returns when it last changed. A Client then trusts its wall clock for
+// sweeping only as far as that time plus what it measured since, so that a
+// clock set ahead does not sweep away keys a server still honours.
 // Every error about the journal itself matches one of ErrJournalCorrupt,
 // ErrJournalWrite, ErrRecordVersion or ErrClosed; a missing record matches
 // ErrNotFound.

@@ -30,6 +30,41 @@ type journal struct {
 
 	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)
 	sweeps    sync.WaitGroup // sweeps running, for Close
+	// anchor is when the journal last changed before this Client opened
+	// it, if the store says, and opened is when that was read (with its
+	// monotonic reading).
+	anchor, opened time.Time
+}
+
+// lastChanger is implemented by stores that know when they last changed.
+type lastChanger interface {
+	LastChange(ctx context.Context) (time.Time, error)
+}
+
+// anchorClock reads the store's last change, which bounds how far the
+// sweeps of this Client trust the wall clock.
+func (j *journal) anchorClock() {
+	j.opened = time.Now()
+	if lc, ok := j.store.(lastChanger); ok {
+		if t, err := lc.LastChange(context.Background()); err == nil {
+			j.anchor = t
+		}
+	}
+}
+
+// sweepCutoff returns the time before which finished records may be swept.
+// It trusts the wall clock only as far as the journal's last change before
+// this Client opened it plus the time this process has measured since on
+// its monotonic clock: a clock set days ahead must not sweep away the
+// records, and with them the name → key mappings, that a server still
+// honours.
+func (j *journal) sweepCutoff(now time.Time) time.Time {
+	if !j.anchor.IsZero() {
+		if trusted := j.anchor.Add(time.Since(j.opened)); trusted.Before(now) {
+			now = trusted
+		}
+	}
+	return now.Add(-j.retention)
 }
 
 // sweepEvery is how often finished records past retention are swept, so
@@ -49,7 +84,7 @@ func (j *journal) maybeSweep() {
 	j.sweeps.Add(1)
 	go func() {
 		defer j.sweeps.Done()
-		n, err := j.store.Sweep(context.Background(), now.Add(-j.retention))
+		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(now))
 		switch {
 		case errors.Is(err, ErrClosed):
 		case err != nil:
