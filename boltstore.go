@@ -859,7 +859,8 @@ func (s *BoltStore) walkPending(tx *bolt.Tx, after string, limit int, fn func(Op
 		key := string(k)
 		op, err := loadOp(b, key)
 		if err != nil {
-			fn(Operation{Key: key}, fmt.Errorf("pending record %q: %w", key, err))
+			err = fmt.Errorf("pending record %q: %w", key, err)
+			fn(Operation{Key: key, LastError: err.Error()}, err)
 			n++
 			continue
 		}

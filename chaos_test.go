@@ -159,14 +159,14 @@ func childChaos() int {
 		rotate: os.Getenv(envChaosRotate) == "1",
 		seen:   make(map[string]int),
 	}
-	client, err := idem.Open(journal,
-		idem.WithBaseTransport(rt),
-		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
-		idem.WithResumeConcurrency(workers),
-		idem.WithLockTimeout(10*time.Second))
+	store, err = idem.OpenBoltStore(journal, &idem.BoltOptions{LockTimeout: 10 * time.Second})
 	if err != nil {
 		return fatal(err)
 	}
+	client := idem.New(store,
+		idem.WithBaseTransport(rt),
+		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
+		idem.WithResumeConcurrency(workers))
 	defer client.Close()
 
 	// Resume what a crash interrupted.
