@@ -58,9 +58,12 @@ const (
 	envFleetReplica  = "IDEM_FLEET_REPLICA"  // 0, 1, 2: where in the order list the replica starts
 	envFleetLifetime = "IDEM_FLEET_LIFETIME" // a time.Duration: the child exits on its own after it
 	envFleetLocal    = "IDEM_FLEET_LOCAL"    // "1": a broken fleet, each replica with a journal of its own in memory
-	noChildTest      = "NoTestRunsInAFleetChild"
-	fleetReplicas    = 3
-	fleetPath        = "/v1/charges"
+	// fleetLease is the replicas' lease: a killed replica's operations wait
+	// that long before another replica may send them.
+	fleetLease    = time.Second
+	noChildTest   = "NoTestRunsInAFleetChild"
+	fleetReplicas = 3
+	fleetPath     = "/v1/charges"
 )
 
 func fleetOrder(i int) string { return "order-" + strconv.Itoa(i) }
@@ -140,6 +143,8 @@ func fleetChild() int {
 	crashtest.Emit("todo", strconv.Itoa(todo))
 
 	client := idem.New(journal,
+		idem.WithOwner(fmt.Sprintf("replica-%d-pid-%d", replicaIdx, os.Getpid())),
+		idem.WithLease(fleetLease),
 		idem.WithBaseTransport(sendRT{&http.Transport{DisableKeepAlives: true}}), // no silent resends by net/http
 		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
 		idem.WithResumeConcurrency(max(workers, 1)))

@@ -346,7 +346,8 @@ func limitArg(limit int) any {
 }
 
 // collect runs a query of whole rows. A row it cannot read is returned with
-// only its key, and its error is joined into the result's.
+// only its key and, in LastError, why; its error is joined into the
+// result's.
 func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]idem.Operation, error) {
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -362,7 +363,7 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 		}
 		op, err := r.operation()
 		if err != nil {
-			op = idem.Operation{Key: r.key}
+			op = idem.Operation{Key: r.key, LastError: err.Error()}
 			bad = append(bad, err)
 		}
 		ops = append(ops, op)
@@ -383,4 +384,19 @@ func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 		return 0, dbError("sweep", "", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// LastChange returns when the journal last changed: the latest Updated of
+// its records, as the replicas' clocks wrote it, or the zero time for an
+// empty journal. A Client reads it when it opens the store, so that a clock
+// set ahead does not sweep records away (see idem.KeyStore).
+func (s *Store) LastChange(ctx context.Context) (time.Time, error) {
+	if err := s.ready(ctx); err != nil {
+		return time.Time{}, err
+	}
+	var n int64
+	if err := s.pool.QueryRow(ctx, s.q.lastChange).Scan(&n); err != nil {
+		return time.Time{}, dbError("last change", "", err)
+	}
+	return fromNanos(n), nil
 }

@@ -18,7 +18,7 @@ var columns = []string{
 // Every statement is one round trip; those that change a row are one
 // implicit transaction, so one commit.
 type queries struct {
-	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, barrier string
+	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
 }
 
 func newQueries(schema string) queries {
@@ -115,6 +115,12 @@ func newQueries(schema string) queries {
 		RETURNING {o.cols}`),
 
 		sweep: r.Replace(`DELETE FROM {ops} WHERE state <> 1 AND updated < $1`),
+
+		// lastChange: the finished rows' latest through their index on
+		// updated, the pending ones (few) by a scan of theirs.
+		lastChange: r.Replace(`SELECT coalesce(greatest(
+			(SELECT max(updated) FROM {ops} WHERE state <> 1),
+			(SELECT max(updated) FROM {ops} WHERE state = 1)), 0)`),
 
 		// barrier commits a transaction that has an id, so its commit
 		// flushes the WAL (synchronous_commit on), and with it every

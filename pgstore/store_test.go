@@ -192,7 +192,37 @@ func TestUnreadableRecords(t *testing.T) {
 		assert.ErrorIs(t, err, idem.ErrJournalCorrupt, name)
 		require.Len(t, got, 3, name)
 		assert.Equal(t, idem.StatePending, got[0].State, name)
-		assert.Equal(t, idem.Operation{Key: "b-newer"}, got[1], name)
-		assert.Equal(t, idem.Operation{Key: "c-damaged"}, got[2], name)
+		for i, key := range []string{"b-newer", "c-damaged"} {
+			assert.Equal(t, key, got[i+1].Key, name)
+			assert.Zero(t, got[i+1].State, name)
+			assert.NotEmpty(t, got[i+1].LastError, "%s: why %s cannot be read", name, key)
+			assert.Nil(t, got[i+1].Body, name)
+		}
 	}
+}
+
+func TestLastChange(t *testing.T) {
+	s := openStore(t)
+	ctx := testContext(t)
+	last, err := s.LastChange(ctx)
+	require.NoError(t, err)
+	assert.True(t, last.IsZero(), "an empty journal: %v", last)
+
+	before := time.Now()
+	for _, k := range []string{"k1", "k2"} {
+		_, _, err := s.Reserve(ctx, storetest.NewOperation(k))
+		require.NoError(t, err)
+	}
+	k2, err := s.Get(ctx, "k2")
+	require.NoError(t, err)
+	last, err = s.LastChange(ctx)
+	require.NoError(t, err)
+	assert.True(t, last.Equal(k2.Updated) && !last.Before(before), "last change %v, k2 updated %v", last, k2.Updated)
+
+	require.NoError(t, s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}))
+	k1, err := s.Get(ctx, "k1")
+	require.NoError(t, err)
+	last, err = s.LastChange(ctx)
+	require.NoError(t, err)
+	assert.True(t, last.Equal(k1.Updated), "last change %v, k1 finished %v", last, k1.Updated)
 }

@@ -8,8 +8,9 @@
 //   - replica a killed with SIGKILL in the middle of a payment: the
 //     provider charged the card, a never got the answer;
 //   - the customer's retry landing on replica b: WithOperation gives the
-//     same key fleet-wide, so the provider replays the charge instead of
-//     charging again;
+//     same key fleet-wide; b waits until a's lease lapses (WithLease, 2 s
+//     here) and sends it again, and the provider replays the charge
+//     instead of charging again;
 //   - Resume on b leaving a's payment alone while a's lease is live;
 //   - replicas b and c paying the same orders at the same moment: one key
 //     per order, one charge per order.
@@ -46,6 +47,10 @@ import (
 	"github.com/idemgo/idem/pgstore"
 )
 
+// lease is how long a replica's claim on an operation lasts without
+// renewal (30 s by default; short here so the demo does not wait long).
+const lease = 2 * time.Second
+
 // Environment of a replica child.
 const (
 	envDSN    = "IDEM_FLEET_EXAMPLE_DSN"
@@ -80,7 +85,10 @@ func replica(name string, orders []string) error {
 	if err != nil {
 		return err
 	}
-	client := idem.New(store, idem.WithRetryPolicy(idem.RetryPolicy{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, RetryAfterCap: 100 * time.Millisecond}))
+	client := idem.New(store,
+		idem.WithOwner("replica-"+name), // whose lease an operation is under
+		idem.WithLease(lease),
+		idem.WithRetryPolicy(idem.RetryPolicy{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, RetryAfterCap: 100 * time.Millisecond}))
 	defer client.Close()
 
 	resumed := 0
@@ -97,12 +105,14 @@ func replica(name string, orders []string) error {
 
 	url := os.Getenv(envURL)
 	for _, order := range orders {
+		start := time.Now()
 		status, body, replayed, err := pay(ctx, client, url, name, order)
+		took := time.Since(start).Round(100 * time.Millisecond)
 		if err != nil {
-			fmt.Printf("%s: %v\n", order, err)
+			fmt.Printf("%s: %v (after %v)\n", order, err, took)
 			continue
 		}
-		fmt.Printf("%s: %d %s (replayed: %v)\n", order, status, body, replayed)
+		fmt.Printf("%s: %d %s (replayed: %v, after %v)\n", order, status, body, replayed, took)
 	}
 	return client.Close()
 }
@@ -207,7 +217,7 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 	fmt.Fprintf(out, "   replica a: %v\n", a.Wait())
 	close(killed)
 
-	fmt.Fprintln(out, "3. the customer retries order-3 on replica b; b and c, side by side, both pay order-4 and order-5")
+	fmt.Fprintf(out, "3. the customer retries order-3 on replica b, which waits for a's lease (%v) to lapse; b and c, side by side, both pay order-4 and order-5\n", lease)
 	bCmd, bOut, err := start("b", env, "order-3", "order-4", "order-5")
 	if err != nil {
 		return err
@@ -227,17 +237,17 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 	var bad []string
 	for i := 1; i <= 6; i++ {
 		order := fmt.Sprintf("order-%d", i)
-		var key string
+		var key, owner string
 		var state int
-		err := journal.Pool().QueryRow(ctx, `SELECT key, state FROM `+pgx.Identifier{schema, "operations"}.Sanitize()+` WHERE name = $1`, "pay:"+order).Scan(&key, &state)
+		err := journal.Pool().QueryRow(ctx, `SELECT key, state, owner FROM `+pgx.Identifier{schema, "operations"}.Sanitize()+` WHERE name = $1`, "pay:"+order).Scan(&key, &state, &owner)
 		if err != nil {
 			return fmt.Errorf("%s: %w", order, err)
 		}
 		mu.Lock()
 		n := charges[order]
 		mu.Unlock()
-		fmt.Fprintf(out, "   %s: key %s, %s, %d request(s) under that key, charged %d time(s)\n",
-			order, key, idem.State(state), st.AttemptsByKey[key], n)
+		fmt.Fprintf(out, "   %s: key %s, %s by %s, %d request(s) under that key, charged %d time(s)\n",
+			order, key, idem.State(state), owner, st.AttemptsByKey[key], n)
 		if n != 1 || idem.State(state) != idem.StateSucceeded {
 			bad = append(bad, order)
 		}
