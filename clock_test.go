@@ -21,7 +21,7 @@ type anchoredStore struct {
 }
 
 func (s *anchoredStore) LastChange(context.Context) (time.Time, error) { return s.last, nil }
-func (s *anchoredStore) Close() error                                   { return nil }
+func (s *anchoredStore) Close() error                                  { return nil }
 
 func TestClockAheadAtOpenSweepsNoNames(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
