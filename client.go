@@ -120,6 +120,7 @@ func (c *Client) shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		waitErr = fmt.Errorf("idem: shutdown: %d calls still in flight stay pending: %w", j.calls.count(), context.Cause(ctx))
 	}
+	j.stopRenewal()
 	j.sweeps.Wait()
 	select {
 	case c.resuming <- struct{}{}: // wait for a Resume still running; none starts after this

@@ -17,8 +17,9 @@ type inflight struct {
 
 // flightEntry is one operation in flight.
 type flightEntry struct {
-	done chan struct{} // closed by release
-	key  string        // the journaled key, once known
+	done  chan struct{} // closed by release
+	key   string        // the journaled key, once known
+	since time.Time     // when it was marked in flight
 }
 
 // flightID names an operation in flight: by key, or by name.
@@ -62,7 +63,7 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 		f.ids = make(map[flightID]*flightEntry)
 	}
 	if fs.e == nil {
-		fs.e = &flightEntry{done: make(chan struct{})}
+		fs.e = &flightEntry{done: make(chan struct{}), since: time.Now()}
 		if fs.n == 1 { // a key of its own; a name's key is known once reserved
 			fs.e.key = fs.ids[0].id
 		}
@@ -111,6 +112,20 @@ func (f *inflight) release(fs flights) {
 	if fs.e != nil {
 		close(fs.e.done)
 	}
+}
+
+// runningSince returns the journaled keys of the operations in flight
+// since before t, and whether any operation is in flight.
+func (f *inflight) runningSince(t time.Time) (keys []string, busy bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, e := range f.ids {
+		// Each entry is listed once, under its key id.
+		if !id.name && id.id == e.key && e.since.Before(t) {
+			keys = append(keys, e.key)
+		}
+	}
+	return keys, len(f.ids) > 0
 }
 
 // busy reports whether the operation with key or name is in flight.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,10 @@ type journal struct {
 	// it, if the store says, and opened is when that was read (with its
 	// monotonic reading).
 	anchor, opened time.Time
+
+	renewMu                  sync.Mutex
+	renewT                   *time.Timer
+	renewArmed, renewStopped bool
 }
 
 // lastChanger is implemented by stores that know when they last changed.
@@ -144,12 +149,11 @@ type operation struct {
 	unrecorded int          // of those, not yet recorded with Attempt
 	mayHave    bool         // a request of this call may have reached the server
 	status     int          // status of the last response, or 0
-	renewMu    sync.Mutex   // held while renewing, and by end
-	renew      *time.Timer
-	ended      bool
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
+	trace      httptrace.ClientTrace // counts the requests written
+	answer     answerBody            // the body handed to the caller
 }
 
 // begin reserves op in the journal, or takes over the record that has its
@@ -212,9 +216,8 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	}
 	if created {
 		j.flight.setKey(ids, rec.Key)
-		o := &operation{j: j, rec: rec, ids: *ids, live: true}
-		o.start()
-		return o, nil, nil
+		j.armRenewal()
+		return &operation{j: j, rec: rec, ids: *ids, live: true}, nil, nil
 	}
 	if rec.Key != op.Key { // the name already had a key
 		if wait := j.flight.rekey(ids, rec.Key); wait != nil {
@@ -242,9 +245,9 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	if err != nil {
 		return fail(journalCause(err), err)
 	}
+	j.armRenewal()
 	o := &operation{j: j, rec: got, ids: *ids, live: true, resend: true, prior: rec.State, priorCode: rec.LastStatus}
 	o.rec.Header, o.rec.Body = op.Header, op.Body
-	o.start()
 	return o, nil, nil
 }
 
@@ -255,9 +258,8 @@ func (j *journal) claimed(rec Operation) *operation {
 	if wait, _ := j.flight.acquire(&ids); wait != nil {
 		return nil
 	}
-	o := &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
-	o.start()
-	return o
+	j.armRenewal()
+	return &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
 }
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
@@ -270,26 +272,51 @@ func journalCause(err error) error {
 	return ErrJournalWrite
 }
 
-// start begins renewing the operation's lease while it runs.
-func (o *operation) start() {
-	if o.j.lease > 0 {
-		o.renew = time.AfterFunc(o.j.lease/2, o.renewLease)
+// armRenewal makes sure a renewal of the leases of the operations in
+// flight is due within a third of a lease. The timer runs only while
+// operations are in flight, so an idle Client has nothing running.
+func (j *journal) armRenewal() {
+	j.renewMu.Lock()
+	defer j.renewMu.Unlock()
+	if j.renewArmed || j.renewStopped {
+		return
+	}
+	j.renewArmed = true
+	if j.renewT == nil {
+		j.renewT = time.AfterFunc(j.lease/3, j.renewLeases)
+	} else {
+		j.renewT.Reset(j.lease / 3)
 	}
 }
 
-// renewLease extends the lease and schedules the next renewal, unless the
-// operation ended meanwhile.
-func (o *operation) renewLease() {
-	o.renewMu.Lock()
-	defer o.renewMu.Unlock()
-	if o.ended {
-		return
+// renewLeases renews the leases of the operations that have been in flight
+// for a third of a lease or longer, and arms the next renewal while any is
+// in flight.
+func (j *journal) renewLeases() {
+	now := time.Now()
+	keys, busy := j.flight.runningSince(now.Add(-j.lease / 3))
+	for _, key := range keys {
+		err := j.store.Renew(context.Background(), key, j.newLease(now))
+		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
+			j.log.Warn("idem: renewing operation lease", "idem.key", key, "err", err)
+		}
 	}
-	if err := o.j.store.Renew(context.Background(), o.rec.Key, o.j.newLease(time.Now())); err != nil {
-		o.j.log.Warn("idem: renewing operation lease", "idem.key", o.rec.Key, "err", err)
-		return
+	j.renewMu.Lock()
+	j.renewArmed = false
+	j.renewMu.Unlock()
+	if busy {
+		j.armRenewal()
 	}
-	o.renew.Reset(o.j.lease / 2)
+}
+
+// stopRenewal stops renewing leases, for Close.
+func (j *journal) stopRenewal() {
+	j.renewMu.Lock()
+	defer j.renewMu.Unlock()
+	j.renewStopped = true
+	if j.renewT != nil {
+		j.renewT.Stop()
+	}
 }
 
 // key returns the operation's key, or "" for a request without one.
@@ -300,8 +327,14 @@ func (o *operation) key() string {
 	return o.rec.Key
 }
 
-// countWrite counts one request written; it is the WroteHeaders hook of
-// the attempts' httptrace.ClientTrace.
+// traced returns ctx with the operation's httptrace.ClientTrace, which
+// counts the requests written.
+func (o *operation) traced(ctx context.Context) context.Context {
+	o.trace.WroteHeaders = o.countWrite
+	return httptrace.WithClientTrace(ctx, &o.trace)
+}
+
+// countWrite counts one request written.
 func (o *operation) countWrite() { o.wrote.Add(1) }
 
 // takeWrites returns how many requests the last attempt wrote, as
@@ -344,12 +377,6 @@ func (o *operation) recordAttempt(status int, errText string) {
 // end runs once when the operation ends, however it ends.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
-		o.renewMu.Lock()
-		o.ended = true
-		if o.renew != nil {
-			o.renew.Stop()
-		}
-		o.renewMu.Unlock()
 		fn()
 		o.j.flight.release(o.ids)
 		if o.live {
@@ -467,7 +494,8 @@ func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 		o.received(v, doubt)
 		return resp
 	}
-	resp.Body = &answerBody{rc: resp.Body, o: o, v: v, doubt: doubt}
+	o.answer = answerBody{rc: resp.Body, o: o, v: v, doubt: doubt}
+	resp.Body = &o.answer
 	return resp
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptrace"
 	"sync"
 	"time"
 )
@@ -210,7 +209,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
 		}
 	}
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{WroteHeaders: o.countWrite}))
+	req = req.WithContext(o.traced(req.Context()))
 	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
 	resp, err := c.t.attempts(ctx, o, req, req.GetBody)
 	if o.hooks.any() {

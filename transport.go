@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptrace"
 	"time"
 
 	"github.com/idemgo/idem/internal/fingerprint"
@@ -150,7 +149,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	}
 	o.hooks = hooksFor(ctx, t.cfg.hooks)
 
-	out := req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: o.countWrite}))
+	out := req.WithContext(o.traced(ctx))
 	out.Header = outgoingHeader(req.Header, t.cfg.header, o.rec.Key)
 	out.Body = nil
 	if rest != nil {
