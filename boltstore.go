@@ -473,7 +473,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := s.check(ctx); err != nil {
 		return Operation{}, false, err
 	}
-	if err := checkKey(op.Key); err != nil {
+	if err := CheckKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
 	newRecord(&op, s.now())

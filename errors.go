@@ -20,7 +20,8 @@ var (
 	// version of idem than this one.
 	ErrRecordVersion = errors.New("idem: journal record has an unknown version")
 	// ErrJournalWrite is returned when a change could not be made durable
-	// (a full disk, a read-only file, an I/O error). A request whose
+	// (a full disk, a read-only file, an I/O error), or when the journal
+	// cannot be reached at all (a database that is down). A request whose
 	// reservation fails this way is not sent.
 	ErrJournalWrite = errors.New("idem: journal write failed")
 	// ErrClosed is returned when the journal or Client was closed.

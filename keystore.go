@@ -220,8 +220,9 @@ type KeyStore interface {
 	Close() error
 }
 
-// checkKey is the key check every store makes in Reserve.
-func checkKey(key string) error {
+// CheckKey returns an error matching ErrInvalidKey unless key is 1 to 255
+// bytes of visible ASCII: the check every KeyStore makes in Reserve.
+func CheckKey(key string) error {
 	if err := validKey(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}

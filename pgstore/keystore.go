@@ -20,9 +20,6 @@ var _ idem.KeyStore = (*Store)(nil)
 // recordVersion is the row format this package writes and reads.
 const recordVersion = 1
 
-// maxKeyLen is the longest key a store accepts, as the other stores do.
-const maxKeyLen = 255
-
 // reserveTries bounds how often Reserve runs its statement again after
 // racing with another replica's insert of the same name or key; each retry
 // sees the row the race was lost to, so two suffice.
@@ -59,20 +56,6 @@ func (s *Store) ready(ctx context.Context) error {
 // reached or could not take the change.
 func dbError(what, key string, err error) error {
 	return fmt.Errorf("pgstore: %s %s: %w: %w", what, key, idem.ErrJournalWrite, err)
-}
-
-// checkKey is the key check of every store: 1 to 255 bytes of visible
-// ASCII, as an HTTP header value can carry it.
-func checkKey(key string) error {
-	if key == "" || len(key) > maxKeyLen {
-		return fmt.Errorf("pgstore: key must be 1 to %d bytes, got %d: %w", maxKeyLen, len(key), idem.ErrInvalidKey)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
-			return fmt.Errorf("pgstore: key has a byte 0x%02x that is not visible ASCII: %w", key[i], idem.ErrInvalidKey)
-		}
-	}
-	return nil
 }
 
 // nanos and fromNanos convert times to the Unix nanoseconds of a row, 0
@@ -172,7 +155,7 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
-	if err := checkKey(op.Key); err != nil {
+	if err := idem.CheckKey(op.Key); err != nil {
 		return idem.Operation{}, false, err
 	}
 	now := s.now()
