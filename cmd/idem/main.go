@@ -99,29 +99,29 @@ type cli struct {
 type command struct {
 	args  string // the arguments in the usage line
 	nargs int
-	flags func(fs *flag.FlagSet, c *cli) func(*cli, []string) error
+	flags func(fs *flag.FlagSet) func(*cli, []string) error
 }
 
 var commands = map[string]command{
-	"ls":      {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error { return (*cli).ls }},
-	"pending": {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error { return (*cli).pending }},
-	"show": {"KEY|NAME", 1, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error {
+	"ls":      {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).ls }},
+	"pending": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).pending }},
+	"show": {"KEY|NAME", 1, func(fs *flag.FlagSet) func(*cli, []string) error {
 		body := fs.Bool("body", false, "print the journaled request headers and body")
 		return func(c *cli, args []string) error { return c.show(args[0], *body) }
 	}},
-	"resume": {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error {
+	"resume": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
 		n := fs.Int("concurrency", 8, "operations sent at once")
 		return func(c *cli, _ []string) error { return c.resume(*n) }
 	}},
-	"expire": {"KEY|NAME", 1, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error {
+	"expire": {"KEY|NAME", 1, func(fs *flag.FlagSet) func(*cli, []string) error {
 		return func(c *cli, args []string) error { return c.expire(args[0]) }
 	}},
-	"gc": {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error {
+	"gc": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
 		r := fs.Duration("retention", idem.DefaultRetention, "keep finished operations changed within this long")
 		return func(c *cli, _ []string) error { return c.gc(*r) }
 	}},
-	"verify": {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error { return (*cli).verify }},
-	"stats":  {"", 0, func(fs *flag.FlagSet, _ *cli) func(*cli, []string) error { return (*cli).stats }},
+	"verify": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).verify }},
+	"stats":  {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).stats }},
 }
 
 // run runs the command with args (without the program name) and returns
@@ -155,7 +155,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	sub := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	sub.SetOutput(io.Discard)
 	sub.BoolVar(&c.json, "json", c.json, "print JSON")
-	do := cmd.flags(sub, c)
+	do := cmd.flags(sub)
 	if err := sub.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: idem [--journal PATH] %s [flags] %s\n", name, cmd.args)
