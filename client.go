@@ -82,6 +82,18 @@ func (c *Client) HTTPClient() *http.Client { return c.http }
 // transport rather than a client.
 func (c *Client) Transport() *Transport { return c.t }
 
+// Pending returns up to limit pending operations with keys after after
+// ("" starts at the first), in key order, without their requests: those
+// in flight and those in doubt. It changes nothing, so a status page or a
+// metric may call it.
+func (c *Client) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
+	ops, err := c.t.j.store.Pending(ctx, after, limit)
+	for i := range ops {
+		ops[i].Header, ops[i].Body = nil, nil
+	}
+	return ops, err
+}
+
 // closeWait bounds how long Close waits for calls in flight.
 const closeWait = 30 * time.Second
 

@@ -39,11 +39,16 @@ type OperationInfo struct {
 	State State
 	// Attempts counts the requests written under the key by this call.
 	Attempts int
+	// Resend reports that requests under the key may have been sent before
+	// this call: a re-drive, or Resume.
+	Resend bool
 }
 
 // AttemptInfo describes one attempt.
 type AttemptInfo struct {
 	OperationInfo
+	// Context is the request's context, for example to parent a span.
+	Context context.Context
 	// Attempt is the attempt's number within the call, from 1.
 	Attempt int
 	// Status is the response's status, or 0 when none came.
@@ -61,6 +66,8 @@ type AttemptInfo struct {
 // RetryInfo describes a scheduled retry.
 type RetryInfo struct {
 	OperationInfo
+	// Context is the request's context.
+	Context context.Context
 	// Attempt is the number of the attempt that failed.
 	Attempt int
 	// Delay is how long idem waits before the next attempt.
@@ -90,6 +97,13 @@ func hooksFor(ctx context.Context, client *Hooks) hookSet {
 
 func info(op *Operation, state State, attempts int) OperationInfo {
 	return OperationInfo{Key: op.Key, Name: op.Name, Method: op.Method, URL: op.URL, State: state, Attempts: attempts}
+}
+
+// info returns the operation's OperationInfo in state.
+func (o *operation) info(state State) OperationInfo {
+	i := info(&o.rec, state, o.written)
+	i.Resend = o.resend
+	return i
 }
 
 func (hs hookSet) attemptDone(a AttemptInfo) {

@@ -334,6 +334,14 @@ func (o *operation) traced(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &o.trace)
 }
 
+// name returns the operation's name, or "".
+func (o *operation) name() string {
+	if o == nil {
+		return ""
+	}
+	return o.rec.Name
+}
+
 // countWrite counts one request written.
 func (o *operation) countWrite() { o.wrote.Add(1) }
 
@@ -407,7 +415,7 @@ func (o *operation) settle(v verdict, status int) {
 			o.j.recent.forget(o.rec.Fingerprint, o.rec.Key)
 		}
 		if o.hooks.any() {
-			o.hooks.settled(info(&o.rec, state, o.written))
+			o.hooks.settled(o.info(state))
 		}
 	})
 	o.j.maybeSweep()
@@ -435,7 +443,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		o.j.recent.add(o.rec.Fingerprint, o.rec.Key)
 		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
 		if o.hooks.any() {
-			o.hooks.inDoubt(info(&o.rec, StatePending, o.written), cause)
+			o.hooks.inDoubt(o.info(StatePending), cause)
 		}
 	})
 	return o.settledAs != 0

@@ -175,7 +175,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 			}
 		})
 		if state == StateExpired && o.hooks.any() {
-			o.hooks.expired(info(&rec, state, 0))
+			o.hooks.expired(o.info(state))
 		}
 		rec.State = state
 		return resumed{op: rec, err: &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}}, true
@@ -213,7 +213,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
 	resp, err := c.t.attempts(ctx, o, req, req.GetBody)
 	if o.hooks.any() {
-		o.hooks.resumed(info(&rec, StatePending, o.written), statusOf(resp), err)
+		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
 	}
 	return resumed{op: rec, resp: resp, err: err, o: o}, true
 }

@@ -232,7 +232,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 			v = permanent // a request without a key may have been performed, or the body is gone
 		}
 		if o != nil && o.hooks.any() {
-			o.hooks.attemptDone(AttemptInfo{OperationInfo: info(&o.rec, StatePending, o.written), Attempt: attempt,
+			o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
 				Status: statusOf(resp), Err: err, Reason: reason, Latency: time.Since(began)})
 		}
 
@@ -251,7 +251,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 		if why != nil {
 			if resp != nil {
 				t.cfg.logger.Info("idem: giving up, returning last response",
-					"idem.key", o.key(), "http.request.resend_count", attempt-1, "idem.reason", reason, "idem.stop", why.Error())
+					"idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt-1, "idem.reason", reason, "idem.stop", why.Error())
 				return o.deliver(resp, transient), nil
 			}
 			return nil, o.stop(why, err)
@@ -265,10 +265,10 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 		}
 		o.recordAttempt(statusOf(resp), errText)
 		if o != nil && o.hooks.any() {
-			o.hooks.retryScheduled(RetryInfo{OperationInfo: info(&o.rec, StatePending, o.written), Attempt: attempt,
+			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
 				Delay: wait, Reason: reason, Source: source})
 		}
-		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "http.request.resend_count", attempt,
+		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt,
 			"idem.reason", reason, "idem.wait", wait, "idem.wait_source", source)
 		if err := sleep(ctx, wait); err != nil {
 			return nil, o.stop(err, nil)
