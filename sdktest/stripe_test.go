@@ -1,4 +1,4 @@
-package idem_test
+package sdktest_test
 
 import (
 	"context"
@@ -63,7 +63,8 @@ func TestUnderStripeGo(t *testing.T) {
 	assert.Equal(t, 3, first.Requests)
 
 	// "Restart": a new idem client and a new stripe client over the same journal.
-	sc2, _ := newStripe()
+	sc2, c2 := newStripe()
+	defer c2.Close() // closes the shared store, after both clients are done
 	pi, err = sc2.V1PaymentIntents.Create(ctx, params())
 	require.NoError(t, err)
 	assert.Equal(t, "pi_1", pi.ID, "the provider replayed the first result")

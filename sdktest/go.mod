@@ -1,0 +1,20 @@
+module github.com/idemgo/idem/sdktest
+
+go 1.25.0
+
+replace github.com/idemgo/idem => ../
+
+require (
+	github.com/idemgo/idem v0.0.0
+	github.com/stretchr/testify v1.12.1
+	github.com/stripe/stripe-go/v82 v82.5.1
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.45.0 // indirect
+)
