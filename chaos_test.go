@@ -347,7 +347,7 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	// Every kill, then at most a few clean runs to finish: the loop is bounded.
 	for res.children < cfg.kills+3 && !res.complete {
 		res.children++
-		child := crashtest.Start(t, noChildTest, "chaos", env...)
+		child := crashtest.Start(t, "chaos", env...)
 		var lines []string
 		if res.kills < cfg.kills {
 			first, ok := child.Next()

@@ -34,9 +34,6 @@ func init() {
 	crashChildren["bff"] = childBFF
 }
 
-// noChildTest names no test: TestMain runs the child's mode first.
-const noChildTest = "TestCrashChildIsRunByTestMain"
-
 const crashLease = 30 * time.Second
 
 // fixedClock is a clock tests set by hand; safe for concurrent use.
@@ -73,7 +70,7 @@ func childHold() int {
 
 func TestLeaseTakeoverAfterSIGKILL(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
-	child := crashtest.Start(t, noChildTest, "hold", "IDEM_STORE="+path)
+	child := crashtest.Start(t, "hold", "IDEM_STORE="+path)
 	lines := child.KillWhen(func(l string) bool { return l == "running" })
 	require.Equal(t, []string{"done 201", "running"}, lines)
 
@@ -283,7 +280,7 @@ func TestChainedKeysEndToEndWithSIGKILL(t *testing.T) {
 	env := []string{"IDEM_STORE=" + filepath.Join(dir, "keys.db"), "IDEM_JOURNAL=" + filepath.Join(dir, "journal.db"), "IDEM_PROVIDER=" + provider.URL}
 	var bffURL atomic.Value
 	startBFF := func() *crashtest.Child {
-		c := crashtest.Start(t, noChildTest, "bff", env...)
+		c := crashtest.Start(t, "bff", env...)
 		line, ok := c.Next()
 		require.True(t, ok, "the BFF child ended before listening")
 		url, ok := strings.CutPrefix(line, "listening ")

@@ -61,7 +61,6 @@ const (
 	// fleetLease is the replicas' lease: a killed replica's operations wait
 	// that long before another replica may send them.
 	fleetLease    = time.Second
-	noChildTest   = "NoTestRunsInAFleetChild"
 	fleetReplicas = 3
 	fleetPath     = "/v1/charges"
 )
@@ -356,7 +355,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		rng := rand.New(rand.NewPCG(seed, uint64(r)))
 		wg.Go(func() {
 			for k := 0; k < kills; k++ {
-				child := crashtest.Start(t, noChildTest, modeFleet, env(r)...)
+				child := crashtest.Start(t, modeFleet, env(r)...)
 				first, ok := child.Next()
 				if !ok {
 					t.Errorf("replica %d ended before saying anything", r)
@@ -376,7 +375,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 					mu.Unlock()
 				}
 			}
-			child := crashtest.Start(t, noChildTest, modeFleet, env(r)...)
+			child := crashtest.Start(t, modeFleet, env(r)...)
 			lines, err := child.Wait()
 			if !scan(lines) {
 				t.Logf("replica %d did not complete: %v", r, err)
@@ -385,7 +384,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	}
 	wg.Wait()
 	// The last replica standing finishes what is left.
-	final := crashtest.Start(t, noChildTest, modeFleet, env(0)...)
+	final := crashtest.Start(t, modeFleet, env(0)...)
 	lines, err := final.Wait()
 	require.NoError(t, err, "final replica")
 	require.True(t, scan(lines), "the final replica completed")
