@@ -135,7 +135,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.schema == "" {
 		return nil, errors.New("pgstore: empty schema name")
 	}
-	if err := migrate(ctx, pool, c.schema); err != nil {
+	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
 		return nil, err
 	}
 	q := newQueries(c.schema)
@@ -226,14 +226,17 @@ const migrateLockClass = 0x1de4 // "idem"
 // transaction that first takes a transaction-level advisory lock: replicas
 // that start at once wait for each other, and the later ones find the work
 // done. A schema migrated by a newer version of this package (versions
-// beyond the embedded ones) is used as it is; migrations only add.
-func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+// beyond the embedded ones) is used as it is; migrations only add. Every
+// migration runs whichever store opens the schema, so the client's Store
+// and the ServerStore always find all their tables. Errors match sentinel,
+// the calling store's error for a database it cannot write.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel error) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
 	}
 	fail := func(step string, err error) error {
-		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, idem.ErrJournalWrite, err)
+		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, sentinel, err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
@@ -274,7 +277,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, idem.ErrJournalWrite) {
+	if err != nil && !errors.Is(err, sentinel) {
 		return fail("commit", err) // the begin or the commit failed
 	}
 	return err
