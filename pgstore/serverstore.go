@@ -39,7 +39,16 @@ import (
 // terminated connection) matches idemserver.ErrStoreWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
 // closed); an error caused by the caller's context is returned as it is.
-// A row that cannot be read matches idemserver.ErrStoreCorrupt.
+// A row that cannot be read matches idemserver.ErrStoreCorrupt. The
+// middleware calls Complete and Release with contexts that are never
+// cancelled, so bound how long a connection attempt may take with
+// connect_timeout in the DSN: a database that drops packets instead of
+// refusing connections would otherwise hold those calls for the
+// operating system's TCP timeout.
+//
+// Cost: Begin locks the row it finds even when it only reads it (a replay
+// or a 409), so every Begin is a write transaction and, with
+// synchronous_commit=on, waits for one WAL flush.
 //
 // Schema: the table inbound_keys lives in the store's schema (see
 // WithSchema), next to the client Store's tables, and is created by the

@@ -249,3 +249,22 @@ func TestOpenServerStoreUnreachable(t *testing.T) {
 	assert.True(t, errors.Is(err, idemserver.ErrStoreWrite), "got %v", err)
 	assert.False(t, errors.Is(err, idem.ErrJournalWrite), "the client's sentinel: %v", err)
 }
+
+// ExampleOpenServerStore makes a route idempotent for the whole fleet:
+// every replica opens the same database, and a retry of a POST that lands
+// on another replica than the first attempt gets the stored answer.
+func ExampleOpenServerStore() {
+	ctx := context.Background()
+	keys, err := pgstore.OpenServerStore(ctx, "postgres://idem@db:5432/shop?connect_timeout=5")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer keys.Close()
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
+	_ = http.ListenAndServe(":8080", mux)
+}

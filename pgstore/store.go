@@ -1,5 +1,8 @@
-// Package pgstore is an idem.KeyStore on PostgreSQL: one journal shared by
-// every replica of a fleet.
+// Package pgstore keeps idem's state on PostgreSQL, shared by every replica
+// of a fleet: Store is an idem.KeyStore (the client's journal of outbound
+// operations), and ServerStore is an idemserver.Store (the inbound keys of
+// idempotent handlers, so that a retry that lands on another replica is
+// replayed). Both live in one schema and may share one pool.
 //
 //	store, err := pgstore.Open(ctx, "postgres://idem@db:5432/shop")
 //	if err != nil {
@@ -7,6 +10,15 @@
 //	}
 //	client := idem.New(store)
 //	defer client.Close() // closes the store too
+//
+// and on the server side, in front of handlers:
+//
+//	keys, err := pgstore.OpenServerStore(ctx, "postgres://idem@db:5432/shop?connect_timeout=5")
+//	if err != nil {
+//		return err
+//	}
+//	defer keys.Close()
+//	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
 //
 // A named operation (idem.WithOperation) is one key fleet-wide: the name
 // column is unique, so a retry that lands on another replica re-drives the
@@ -38,9 +50,9 @@
 // makes every mark durable or returns an error matching
 // idem.ErrJournalWrite.
 //
-// Failures: every error from PostgreSQL — unreachable, restarted,
-// terminated connections, a read that failed — matches
-// idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
+// Failures (ServerStore's are stated on its type): every error from
+// PostgreSQL — unreachable, restarted, terminated connections, a read that
+// failed — matches idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
 // transport sends nothing, and the store works again as soon as the pool
 // reaches the server (each connection the server closed while idle fails
 // once before the pool drops it).
@@ -75,7 +87,7 @@ import (
 // WithSchema names another.
 const DefaultSchema = "idem"
 
-// Option configures a Store.
+// Option configures a Store or a ServerStore.
 type Option func(*config)
 
 type config struct {
