@@ -1,5 +1,8 @@
-// Package pgstore is an idem.KeyStore on PostgreSQL: one journal shared by
-// every replica of a fleet.
+// Package pgstore keeps idem's state on PostgreSQL, shared by every replica
+// of a fleet: Store is an idem.KeyStore (the client's journal of outbound
+// operations), and ServerStore is an idemserver.Store (the inbound keys of
+// idempotent handlers, so that a retry that lands on another replica is
+// replayed). Both live in one schema and may share one pool.
 //
 //	store, err := pgstore.Open(ctx, "postgres://idem@db:5432/shop")
 //	if err != nil {
@@ -7,6 +10,15 @@
 //	}
 //	client := idem.New(store)
 //	defer client.Close() // closes the store too
+//
+// and on the server side, in front of handlers:
+//
+//	keys, err := pgstore.OpenServerStore(ctx, "postgres://idem@db:5432/shop?connect_timeout=5")
+//	if err != nil {
+//		return err
+//	}
+//	defer keys.Close()
+//	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
 //
 // A named operation (idem.WithOperation) is one key fleet-wide: the name
 // column is unique, so a retry that lands on another replica re-drives the
@@ -38,9 +50,9 @@
 // makes every mark durable or returns an error matching
 // idem.ErrJournalWrite.
 //
-// Failures: every error from PostgreSQL — unreachable, restarted,
-// terminated connections, a read that failed — matches
-// idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
+// Failures (ServerStore's are stated on its type): every error from
+// PostgreSQL — unreachable, restarted, terminated connections, a read that
+// failed — matches idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
 // transport sends nothing, and the store works again as soon as the pool
 // reaches the server (each connection the server closed while idle fails
 // once before the pool drops it).
@@ -75,7 +87,7 @@ import (
 // WithSchema names another.
 const DefaultSchema = "idem"
 
-// Option configures a Store.
+// Option configures a Store or a ServerStore.
 type Option func(*config)
 
 type config struct {
@@ -135,7 +147,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.schema == "" {
 		return nil, errors.New("pgstore: empty schema name")
 	}
-	if err := migrate(ctx, pool, c.schema); err != nil {
+	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
 		return nil, err
 	}
 	q := newQueries(c.schema)
@@ -226,14 +238,17 @@ const migrateLockClass = 0x1de4 // "idem"
 // transaction that first takes a transaction-level advisory lock: replicas
 // that start at once wait for each other, and the later ones find the work
 // done. A schema migrated by a newer version of this package (versions
-// beyond the embedded ones) is used as it is; migrations only add.
-func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+// beyond the embedded ones) is used as it is; migrations only add. Every
+// migration runs whichever store opens the schema, so the client's Store
+// and the ServerStore always find all their tables. Errors match sentinel,
+// the calling store's error for a database it cannot write.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel error) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
 	}
 	fail := func(step string, err error) error {
-		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, idem.ErrJournalWrite, err)
+		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, sentinel, err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
@@ -274,7 +289,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, idem.ErrJournalWrite) {
+	if err != nil && !errors.Is(err, sentinel) {
 		return fail("commit", err) // the begin or the commit failed
 	}
 	return err
