@@ -140,6 +140,7 @@ var (
 	// cannot be read: a truncated, damaged or foreign file.
 	ErrStoreCorrupt = errors.New("idemserver: store is corrupt")
 	// ErrStoreWrite is returned when a change could not be made durable
-	// (a full disk, a read-only file, an I/O error).
+	// (a full disk, a read-only file, an I/O error) or the store could not
+	// be reached (a database that is down).
 	ErrStoreWrite = errors.New("idemserver: store write failed")
 )
