@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -264,4 +265,53 @@ func TestStreamedAnswer(t *testing.T) {
 	op, err := store.Get(context.Background(), key)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, op.State, "read to its end: settled")
+}
+
+// TestResendMatchKeepsPrincipalsApart checks that a call is taken for the
+// resend of a recent call in doubt only when it comes with the same
+// credentials: the same payload sent for another account (another API
+// key, in a header or in the query) is another operation, and must not
+// get the first account's key.
+func TestResendMatchKeepsPrincipalsApart(t *testing.T) {
+	tests := []struct {
+		name    string
+		url1    string
+		url2    string
+		auth1   string
+		auth2   string
+		sameKey bool
+	}{
+		{"same credentials: a resend", "https://pay.example/v1/charges", "https://pay.example/v1/charges", "Bearer sk_A", "Bearer sk_A", true},
+		{"another Authorization", "https://pay.example/v1/charges", "https://pay.example/v1/charges", "Bearer sk_A", "Bearer sk_B", false},
+		{"another api_key", "https://pay.example/v1/charges?api_key=A", "https://pay.example/v1/charges?api_key=B", "", "", false},
+		{"another URL user", "https://a:pw@pay.example/v1/charges", "https://b:pw@pay.example/v1/charges", "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rt := &scriptRT{steps: []step{fail(errReset), resp(201)}}
+				c, _ := newTestClient(rt, idem.WithMaxAttempts(1))
+				defer c.Close()
+				send := func(u, auth string) (*http.Response, error) {
+					req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(`{"amount":100}`))
+					require.NoError(t, err)
+					if auth != "" {
+						req.Header.Set("Authorization", auth)
+					}
+					return c.HTTPClient().Do(req)
+				}
+				_, err := send(tt.url1, tt.auth1)
+				require.ErrorIs(t, err, idem.ErrAttemptsExhausted, "the first call is in doubt")
+				r, err := send(tt.url2, tt.auth2)
+				require.NoError(t, err)
+				r.Body.Close()
+				require.Len(t, rt.sent, 2)
+				if tt.sameKey {
+					assert.Equal(t, rt.sent[0].key, rt.sent[1].key, "a resend reuses the key")
+				} else {
+					assert.NotEqual(t, rt.sent[0].key, rt.sent[1].key, "another principal's call got the first one's key")
+				}
+			})
+		})
+	}
 }
