@@ -286,7 +286,9 @@ func TestResumeWaitHonoursContext(t *testing.T) {
 		defer c.Close()
 		leavePending(t, c, rt, context.Background(), "{}")
 		first := make(chan error, 1)
-		go func() { first <- c.Resume(context.Background(), func(_ idem.Operation, r *http.Response, _ error) { closeResp(r) }) }()
+		go func() {
+			first <- c.Resume(context.Background(), func(_ idem.Operation, r *http.Response, _ error) { closeResp(r) })
+		}()
 		<-entered
 
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -476,7 +478,9 @@ func TestShutdownWithResumeRunning(t *testing.T) {
 			}))
 			leavePending(t, c, rt, context.Background(), "{}")
 			resumed := make(chan error, 1)
-			go func() { resumed <- c.Resume(context.Background(), func(_ idem.Operation, r *http.Response, _ error) { closeResp(r) }) }()
+			go func() {
+				resumed <- c.Resume(context.Background(), func(_ idem.Operation, r *http.Response, _ error) { closeResp(r) })
+			}()
 			<-entered
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
