@@ -47,6 +47,15 @@ func (h *heldRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 201, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("done")), Request: r}, nil
 }
 
+// releaseOnce lets the held requests go, once.
+func (h *heldRT) releaseOnce() {
+	select {
+	case <-h.release:
+	default:
+		close(h.release)
+	}
+}
+
 // callResult is what one caller got.
 type callResult struct {
 	key    string
@@ -87,6 +96,7 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 		rt := &heldRT{release: make(chan struct{})}
 		c, err := idem.Open(path, idem.WithBaseTransport(rt))
 		require.NoError(t, err)
+		defer rt.releaseOnce()
 		results := startCalls(t, c, 5)
 		synctest.Wait()
 		require.Equal(t, int64(5), rt.entered.Load(), "five calls in flight")
@@ -103,7 +113,7 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrClosed, "a new call during Close")
 		assert.Equal(t, int64(5), rt.entered.Load(), "the late call was not sent")
 
-		close(rt.release)
+		rt.releaseOnce()
 		var keys []string
 		for range 5 {
 			r := <-results
