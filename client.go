@@ -21,6 +21,9 @@ type Client struct {
 
 	resuming chan struct{} // holds a token while a Resume runs
 	shut     chan struct{} // closed when Shutdown begins
+	// shutCtx is cancelled when Shutdown begins, which stops a Resume.
+	shutCtx    context.Context
+	cancelShut context.CancelFunc
 
 	stop chan struct{} // closed by Close to stop the background resumer
 	done chan struct{} // closed when the background resumer has returned
@@ -58,6 +61,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	}
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
+	c.shutCtx, c.cancelShut = context.WithCancel(context.Background())
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}
 	j.anchorClock()
 	j.maybeSweep() // the first sweep runs at once, in the background
@@ -105,7 +109,9 @@ func (c *Client) Close() error {
 }
 
 // Shutdown closes the Client gracefully, as http.Server.Shutdown does: new
-// calls fail at once with ErrClosed; calls in flight run to their end (a
+// calls and Resumes fail at once with ErrClosed, and a Resume that runs is
+// cancelled (what it was sending stays pending); calls in flight run to
+// their end (a
 // call ends when its caller has read its response body to the end or
 // closed it, or got an error), so their outcomes are recorded; then every
 // change is made durable and the journal is closed. If ctx ends first, the
@@ -121,6 +127,7 @@ func (c *Client) Shutdown(ctx context.Context) error {
 func (c *Client) shutdown(ctx context.Context) error {
 	j := c.t.j
 	close(c.shut)
+	c.cancelShut()
 	idle, _ := j.calls.close()
 	if c.stop != nil {
 		close(c.stop)
@@ -137,6 +144,7 @@ func (c *Client) shutdown(ctx context.Context) error {
 	select {
 	case c.resuming <- struct{}{}: // wait for a Resume still running; none starts after this
 	case <-ctx.Done():
+		waitErr = errors.Join(waitErr, fmt.Errorf("idem: shutdown: a Resume is still running: %w", context.Cause(ctx)))
 	}
 	return errors.Join(waitErr, j.store.Close())
 }

@@ -152,6 +152,7 @@ type operation struct {
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
+	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	answer     answerBody            // the body handed to the caller
 }
@@ -410,9 +411,9 @@ func (o *operation) settle(v verdict, status int) {
 			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
 		}
 		if v == transient {
-			o.j.recent.add(o.rec.Fingerprint, o.rec.Key)
+			o.j.recent.add(o.match, o.rec.Key)
 		} else {
-			o.j.recent.forget(o.rec.Fingerprint, o.rec.Key)
+			o.j.recent.forget(o.match, o.rec.Key)
 		}
 		if o.hooks.any() {
 			o.hooks.settled(o.info(state))
@@ -440,7 +441,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
 			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
 		}
-		o.j.recent.add(o.rec.Fingerprint, o.rec.Key)
+		o.j.recent.add(o.match, o.rec.Key)
 		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
 		if o.hooks.any() {
 			o.hooks.inDoubt(o.info(StatePending), cause)

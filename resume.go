@@ -60,6 +60,9 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 		return context.Cause(ctx)
 	}
 	defer func() { <-c.resuming }()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(c.shutCtx, func() { cancel(ErrClosed) })()
 	if fn == nil {
 		fn = c.logOutcome
 	}

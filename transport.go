@@ -128,8 +128,9 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 		fp = fingerprint.Sum(req.Method, jurl, req.Header, body)
 	}
 	matched := false
+	mk := t.cfg.matchKey(fp, req)
 	if src == keyNew {
-		if k, ok := t.j.recent.match(fp); ok {
+		if k, ok := t.j.recent.match(mk); ok {
 			key, matched = k, true
 		}
 	}
@@ -148,6 +149,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 		return nil, nil, err
 	}
 	o.hooks = hooksFor(ctx, t.cfg.hooks)
+	o.match = mk
 
 	out := req.WithContext(o.traced(ctx))
 	out.Header = outgoingHeader(req.Header, t.cfg.header, o.rec.Key)
