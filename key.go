@@ -179,7 +179,6 @@ func (r *recentCalls) match(mk [32]byte) (string, bool) {
 	return e.key, true
 }
 
-
 // matchKey returns the key under which recentCalls knows a call: the
 // payload's fingerprint and a digest of the call's credentials (secret
 // headers, the URL's user info and secret query parameters), so that the
