@@ -12,11 +12,11 @@
 //	client := idem.New(store, idem.WithHooks(in.Hooks()))
 //
 // idem calls its hooks after an attempt, so each span is created with the
-// attempt's start time (now minus its latency) and ended at once. The hooks
-// carry no context, so spans made by Hooks have no parent; for spans in the
-// caller's trace, pass RequestHooks(ctx) with idem.WithRequestHooks and
-// build the Instrumentation WithoutClientSpans, so each attempt has one
-// span.
+// attempt's start time (now minus its latency) and ended at once, as a
+// child of the span in the request's context (AttemptInfo.Context).
+// RequestHooks(ctx) parents spans to ctx's span instead, for requests whose
+// context carries none; build the Instrumentation WithoutClientSpans then,
+// so each attempt has one span.
 package idemotel
 
 import (
@@ -306,8 +306,11 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if a.Name != "" {
 			attrs = append(attrs, KeyOperation.String(a.Name))
 		}
-		if a.Attempt > 1 {
-			attrs = append(attrs, semconv.HTTPRequestResendCount(a.Attempt-1))
+		if resends := a.Attempt - 1; resends > 0 || a.Resend {
+			if a.Resend {
+				resends++ // a re-drive or Resume: the key was sent before
+			}
+			attrs = append(attrs, semconv.HTTPRequestResendCount(resends))
 		}
 		if a.Status != 0 {
 			attrs = append(attrs, semconv.HTTPResponseStatusCode(a.Status))
@@ -319,7 +322,11 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if et != "" {
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
 		}
-		_, span := in.tracer.Start(parent, a.Method,
+		ctx := parent
+		if a.Context != nil && trace.SpanContextFromContext(a.Context).IsValid() {
+			ctx = a.Context
+		}
+		_, span := in.tracer.Start(ctx, a.Method,
 			trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithTimestamp(end.Add(-a.Latency)),
 			trace.WithAttributes(attrs...))

@@ -182,6 +182,25 @@ func TestRequestHooksParentSpans(t *testing.T) {
 	}
 }
 
+func TestClientSpansJoinTheRequestsTrace(t *testing.T) {
+	p := newProvider(t)
+	r := newRig(t)
+	ctx, parent := r.tp.Tracer("test").Start(context.Background(), "checkout")
+	require.NoError(t, r.post(t, ctx, p.URL+"/flaky", "pay:3"))
+	parent.End()
+
+	var attempts []sdktrace.ReadOnlySpan
+	for _, s := range r.spans.Ended() {
+		if s.Name() == "POST" {
+			attempts = append(attempts, s)
+		}
+	}
+	require.Len(t, attempts, 2)
+	for _, s := range attempts {
+		assert.Equal(t, parent.SpanContext().SpanID(), s.Parent().SpanID(), "the client-wide hooks parent spans to the request's span")
+	}
+}
+
 // metrics collects r's metrics by name.
 func (r *rig) metrics(t *testing.T) map[string]metricdata.Aggregation {
 	t.Helper()
