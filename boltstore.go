@@ -350,7 +350,7 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := s.check(ctx); err != nil {
 		return Operation{}, false, err
 	}
-	if err := checkKey(op.Key); err != nil {
+	if err := CheckKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
 	newRecord(&op, s.now())
@@ -765,8 +765,9 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 			case errors.Is(err, ErrNotFound):
 				continue
 			case err != nil:
-				errs = append(errs, fmt.Errorf("pending %w", err))
-				out = append(out, Operation{Key: key})
+				err = fmt.Errorf("pending %w", err)
+				errs = append(errs, err)
+				out = append(out, Operation{Key: key, LastError: err.Error()})
 				continue
 			case op.State != StatePending || s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)):
 				continue
@@ -829,7 +830,8 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 			err = loadBody(ops, &r, &op)
 		}
 		if err != nil {
-			if !fn(Operation{Key: key}, fmt.Errorf("pending %w", err)) {
+			err = fmt.Errorf("pending %w", err)
+			if !fn(Operation{Key: key, LastError: err.Error()}, err) {
 				return nil
 			}
 			continue

@@ -419,7 +419,7 @@ func TestCrashReserve(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
 	for round := range 4 {
 		prefix := fmt.Sprint("r", round)
-		child := crashtest.Start(t, noChildTest, "reserve", "IDEM_JOURNAL="+path, "IDEM_ROUND="+prefix)
+		child := crashtest.Start(t, "reserve", "IDEM_JOURNAL="+path, "IDEM_ROUND="+prefix)
 		lines := child.KillAfter(1 + mathrand.IntN(300))
 		var reserved []string
 		for _, l := range lines {

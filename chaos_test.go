@@ -47,6 +47,7 @@ var (
 	chaosKills   = flag.Int("chaos.kills", 4, "chaos test: number of times the client process is SIGKILLed")
 	chaosWorkers = flag.Int("chaos.workers", 8, "chaos test: operations in flight at once in the client")
 	chaosSeed    = flag.Uint64("chaos.seed", 0, "chaos test: seed of faults and kill points (0: random)")
+	chaosUnnamed = flag.Int("chaos.unnamed", 50, "chaos test: operations of a caller that retries on its own, without a name")
 )
 
 func init() { crashChildren["chaos"] = childChaos }
@@ -57,7 +58,9 @@ const (
 	envChaosURL     = "IDEM_CHAOS_URL"
 	envChaosOps     = "IDEM_CHAOS_OPS"
 	envChaosWorkers = "IDEM_CHAOS_WORKERS"
-	envChaosRotate  = "IDEM_CHAOS_ROTATE" // "1": simulate a client that rotates keys on retry
+	envChaosRotate  = "IDEM_CHAOS_ROTATE"  // "1": simulate a client that rotates keys on retry
+	envChaosUnnamed = "IDEM_CHAOS_UNNAMED" // operations an outer retry loop drives without a name
+	envChaosFinal   = "IDEM_CHAOS_FINAL"   // "1": the child is not killed, and drives the unnamed operations
 )
 
 // chaosChildLimit bounds the life of one chaos child; past it the child
@@ -159,14 +162,14 @@ func childChaos() int {
 		rotate: os.Getenv(envChaosRotate) == "1",
 		seen:   make(map[string]int),
 	}
-	client, err := idem.Open(journal,
-		idem.WithBaseTransport(rt),
-		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
-		idem.WithResumeConcurrency(workers),
-		idem.WithLockTimeout(10*time.Second))
+	store, err = idem.OpenBoltStore(journal, &idem.BoltOptions{LockTimeout: 10 * time.Second})
 	if err != nil {
 		return fatal(err)
 	}
+	client := idem.New(store,
+		idem.WithBaseTransport(rt),
+		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
+		idem.WithResumeConcurrency(workers))
 	defer client.Close()
 
 	// Resume what a crash interrupted.
@@ -193,13 +196,21 @@ func childChaos() int {
 	}
 
 	// Re-drive the rest by name.
+	unnamed, _ := strconv.Atoi(os.Getenv(envChaosUnnamed))
+	if os.Getenv(envChaosFinal) != "1" {
+		unnamed = 0 // a caller without a name has nothing durable to re-drive by after a crash
+	}
 	jobs := make(chan int)
 	failed := 0
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for i := range jobs {
-				if !chaosDrive(ctx, client.HTTPClient(), url, i) {
+				drive := chaosDrive
+				if i >= n {
+					drive = chaosDriveUnnamed
+				}
+				if !drive(ctx, client.HTTPClient(), url, i) {
 					crashtest.Emit("gaveup", chaosName(i))
 					mu.Lock()
 					failed++
@@ -215,6 +226,9 @@ func childChaos() int {
 		if !skip {
 			jobs <- i
 		}
+	}
+	for i := n; i < n+unnamed; i++ {
+		jobs <- i
 	}
 	close(jobs)
 	wg.Wait()
@@ -263,6 +277,43 @@ func chaosDrive(ctx context.Context, hc *http.Client, url string, i int) bool {
 	return false
 }
 
+// chaosDriveUnnamed is a caller that retries on its own, as an SDK's retry
+// loop does: each try is a fresh request with the same payload and no name
+// or key, sent again after an error or a non-2xx answer. idem must take
+// every try after a failure for a resend of the same operation.
+func chaosDriveUnnamed(ctx context.Context, hc *http.Client, url string, i int) bool {
+	name := chaosName(i)
+	for try := range 10 {
+		if try > 0 {
+			select {
+			case <-time.After(5 * time.Millisecond):
+			case <-ctx.Done():
+				return false
+			}
+		}
+		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		req, err := http.NewRequestWithContext(octx, http.MethodPost, url+chaosPath, strings.NewReader(chaosBody(i)))
+		if err != nil {
+			cancel()
+			return false
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Retry-Count", strconv.Itoa(try)) // volatile, as an SDK's
+		resp, err := hc.Do(req)
+		if err != nil {
+			cancel()
+			continue
+		}
+		ok := chaosAnswerOK(resp, name)
+		cancel()
+		if ok {
+			crashtest.Emit("done", name, strconv.Itoa(resp.StatusCode))
+			return true
+		}
+	}
+	return false
+}
+
 // chaosAnswerOK reads and closes resp and reports whether it is a 2xx
 // answer for the operation name.
 func chaosAnswerOK(resp *http.Response, name string) bool {
@@ -275,6 +326,7 @@ func chaosAnswerOK(resp *http.Response, name string) bool {
 // chaosConfig is one run of the chaos test.
 type chaosConfig struct {
 	ops, kills, workers int
+	unnamed             int // operations a caller without a name drives in the last child
 	seed                uint64
 	rates               idemtest.FaultRates
 	rotate              bool // the child plays a client that rotates keys
@@ -341,13 +393,18 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	if cfg.rotate {
 		env = append(env, envChaosRotate+"=1")
 	}
+	env = append(env, envChaosUnnamed+"="+strconv.Itoa(cfg.unnamed))
 
 	var res chaosResult
-	res.ops = cfg.ops
+	res.ops = cfg.ops + cfg.unnamed
 	// Every kill, then at most a few clean runs to finish: the loop is bounded.
 	for res.children < cfg.kills+3 && !res.complete {
 		res.children++
-		child := crashtest.Start(t, noChildTest, "chaos", env...)
+		cenv := env
+		if res.kills >= cfg.kills {
+			cenv = append(slices.Clone(env), envChaosFinal+"=1")
+		}
+		child := crashtest.Start(t, "chaos", cenv...)
 		var lines []string
 		if res.kills < cfg.kills {
 			first, ok := child.Next()
@@ -391,7 +448,7 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 
 	st := srv.Stats()
 	res.attempts, res.replays, res.conflicts, res.faults, res.performed = st.Requests, st.Replays, st.Conflicts, st.Faults, st.Runs
-	for i := range cfg.ops {
+	for i := range cfg.ops + cfg.unnamed {
 		switch runs := st.RunsByPayload[idemtest.Fingerprint(http.MethodPost, chaosPath, []byte(chaosBody(i)))]; {
 		case runs == 0:
 			res.lost++
@@ -426,7 +483,11 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 		}
 	}
 	for k := range st.AttemptsByKey {
-		if !keys[k] {
+		if keys[k] {
+			continue
+		}
+		// An unnamed operation's key: the journal must hold it all the same.
+		if op, err := store.Get(ctx, k); err != nil || op.Name != "" || op.State != idem.StateSucceeded && st.RunsByKey[k] > 0 {
 			res.foreignKeys++
 		}
 	}
@@ -460,7 +521,7 @@ func chaosSeedOrRandom() uint64 {
 func TestChaos(t *testing.T) {
 	seed := chaosSeedOrRandom()
 	t.Logf("chaos seed %d (rerun with -chaos.seed=%d)", seed, seed)
-	cfg := chaosConfig{ops: *chaosOps, kills: *chaosKills, workers: *chaosWorkers, seed: seed, rates: chaosFaults(seed)}
+	cfg := chaosConfig{ops: *chaosOps, kills: *chaosKills, workers: *chaosWorkers, unnamed: *chaosUnnamed, seed: seed, rates: chaosFaults(seed)}
 	r := runChaos(t, cfg)
 	r.report(t, seed)
 
@@ -470,7 +531,7 @@ func TestChaos(t *testing.T) {
 	assert.Zero(t, r.foreignKeys, "keys on the wire that the journal does not hold")
 	assert.Zero(t, r.wrongKey, "operations not performed exactly once under their journaled key")
 	assert.Zero(t, r.notSucceeded, "operations the journal does not record as succeeded")
-	assert.Equal(t, cfg.ops, r.performed, "handler runs")
+	assert.Equal(t, cfg.ops+cfg.unnamed, r.performed, "handler runs")
 	if cfg.kills > 0 {
 		assert.Positive(t, r.kills, "the client was never killed")
 	}

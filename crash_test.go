@@ -28,14 +28,10 @@ import (
 // original key.
 
 // crashChildren are the child modes; TestMain runs them instead of tests.
-// Children are started with the test name noChildTest: TestMain runs the
-// child's mode before any test could match it.
 var crashChildren = map[string]func() int{
 	"send":   childSend,
 	"resume": childResume,
 }
-
-const noChildTest = "TestCrashChildIsRunByTestMain"
 
 const (
 	secretToken  = "sk_live_SECRET123"
@@ -184,7 +180,7 @@ func startChild(t *testing.T, mode, journal string, p *provider, block bool) *cr
 	if block {
 		env = append(env, "IDEM_BLOCK=1")
 	}
-	return crashtest.Start(t, noChildTest, mode, env...)
+	return crashtest.Start(t, mode, env...)
 }
 
 // keyOf returns the key of the first line with the given verb.

@@ -19,33 +19,62 @@
 //	ctx = idem.WithOperation(ctx, "pay:order-42") // a key that survives restarts
 //	resp, err := hc.Do(req.WithContext(ctx))
 //
-// An operation is pending from the moment its key is journaled until the
-// caller gets a response (it is then succeeded or failed) or, if the
-// outcome stays unknown, until Resume finishes it. Resume never sends an
-// operation older than the resend window (23 hours by default, below the
-// 24 hours providers keep keys): it reports it as expired instead.
+// An operation is pending from the moment its key is journaled. It is
+// settled (succeeded or failed) once its caller received the answer: the
+// response body was read to its end or closed. It stays pending, in doubt,
+// when the caller got only an error after a request may have gone out, or
+// a response whose body could not be read; Resume finishes it, and so does a
+// re-drive by the same name or key. A request that was never sent leaves
+// nothing pending. Resume never sends an operation older than the resend
+// window (23 hours by default, below the 24 hours providers keep keys): it
+// reports it as expired instead.
+//
+// # Every caller
+//
+// Callers retry too. A resend of the same payload (method, URL, body and
+// the headers that define it) with no key of its own, arriving within a
+// minute after a call that ended without a definite answer, reuses that
+// call's key: an SDK's retry loop (openai-go, anthropic-sdk-go) or a double
+// submit is one operation. Calls of one key or name at once take turns: the
+// later ones wait, bounded by their context, and then re-drive the key,
+// getting the server's stored answer. A call that received a definite
+// answer is never merged with a later one.
 //
 // # Guarantees
 //
-//   - No keyed request leaves the process before its reservation is fsynced;
+//   - No keyed request leaves the process before its reservation is durable;
 //     if the journal cannot be written, the request is not sent.
 //   - Every attempt, resume and re-drive of an operation carries the same key
 //     and body; a key is never sent with another payload (ErrKeyReused).
-//   - Only connection failures, timeouts, 408, 425, 429, 500, 502, 503, 504
-//     and 409 "in progress" are retried; Retry-After is honoured but capped,
-//     and no wait outlasts the caller's context deadline.
-//   - Authorization, Cookie, Proxy-Authorization and the headers named with
-//     WithSecretHeaders are never written to the journal, and a request's
-//     body is deleted once its operation finishes.
+//   - Only connection failures, timeouts, 408, 425, 429, 500, 502, 503, 504,
+//     529 and 409 "in progress" are retried, unless the server says
+//     otherwise (Stripe-Should-Retry, X-Should-Retry); Retry-After and
+//     Retry-After-Ms are honoured but capped, and no wait outlasts the
+//     caller's context deadline.
+//   - Credentials (Authorization, Cookie, Proxy-Authorization, the headers
+//     named with WithSecretHeaders, the URL's user info and secret query
+//     parameters) are never written to the journal; Resume sends such an
+//     operation only through WithResumePrepare. A request's body is deleted
+//     once its operation finishes, and its URL loses its query.
 //
 // # What survives a crash
 //
 // Every operation whose reservation returned: its key, name, fingerprint
 // and replayable request. bbolt commits are atomic, so a crash leaves each
 // record either fully written or not at all. Attempt counts and finish
-// marks ride the next commit rather than waiting for their own fsync;
-// losing one in a crash makes Resume send that operation once more, and the
-// server answers from its idempotency store.
+// marks ride the next commit rather than waiting for their own fsync; a
+// crash in the milliseconds before that commit makes Resume send that
+// operation once more and deliver it to its handler although its caller had
+// the answer: the server replays it, and the handler reconciles by key.
+// Close waits for the calls in flight and makes every mark durable.
+//
+// # Fleets and the server side
+//
+// The journal is a KeyStore: the bbolt file (Open), the memory store, the
+// PostgreSQL store of module github.com/idemgo/idem/pgstore for replicas
+// that share one journal, or your own; package storetest checks any of them
+// against the contract. Package idemserver is the server half: middleware
+// that makes handlers idempotent for the keys your clients send.
 //
 // The package idemtest provides a reference idempotent server with fault
 // injection for testing integrations.

@@ -20,7 +20,8 @@ var (
 	// version of idem than this one.
 	ErrRecordVersion = errors.New("idem: journal record has an unknown version")
 	// ErrJournalWrite is returned when a change could not be made durable
-	// (a full disk, a read-only file, an I/O error). A request whose
+	// (a full disk, a read-only file, an I/O error), or when the journal
+	// cannot be reached at all (a database that is down). A request whose
 	// reservation fails this way is not sent.
 	ErrJournalWrite = errors.New("idem: journal write failed")
 	// ErrClosed is returned when the journal or Client was closed.
@@ -79,8 +80,9 @@ var (
 // sentinels above); Err is the last underlying error, if any. Both match with
 // errors.Is and errors.As.
 type Error struct {
-	// Key is the operation's idempotency key. A caller may retry the same
-	// operation later with WithKey(ctx, Key).
+	// Key is the operation's idempotency key as the journal holds it, or ""
+	// when no key was journaled (the request was refused before). A caller
+	// may retry the same operation later with WithKey(ctx, Key).
 	Key string
 	// Name is the operation name given with WithOperation, or "".
 	Name string
@@ -91,7 +93,9 @@ type Error struct {
 	State State
 	// LastStatus is the status of the last response received, or 0.
 	LastStatus int
-	// Cause is why idem stopped: ErrAttemptsExhausted, ErrDeadline, ...
+	// Cause is why idem stopped, one of the sentinels of this package:
+	// ErrAttemptsExhausted, ErrDeadline, ErrInProgress, ErrKeyReused,
+	// ErrJournalWrite, ... It may be nil when Err says all.
 	Cause error
 	// Err is the last underlying error (network, context, journal), or nil.
 	Err error
@@ -106,9 +110,13 @@ func (e *Error) Error() string {
 	} else {
 		b.WriteString("operation failed")
 	}
-	fmt.Fprintf(&b, " (key %s", e.Key)
+	if e.Key != "" {
+		fmt.Fprintf(&b, " (key %s", quote(e.Key))
+	} else {
+		b.WriteString(" (no key journaled")
+	}
 	if e.Name != "" {
-		fmt.Fprintf(&b, ", operation %q", e.Name)
+		fmt.Fprintf(&b, ", operation %s", quote(e.Name))
 	}
 	fmt.Fprintf(&b, ", %d attempts", e.Attempts)
 	if e.State != 0 {

@@ -6,7 +6,6 @@ require (
 	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/google/uuid v1.6.0
 	github.com/stretchr/testify v1.12.1
-	github.com/stripe/stripe-go/v82 v82.5.1
 	go.etcd.io/bbolt v1.5.0
 	go.uber.org/goleak v1.3.0
 )

@@ -148,6 +148,11 @@ type Outcome struct {
 // not: a Finish followed by a Get returns the finished record.
 //
 // Records are ordered by key (for UUIDv7 keys, the order they were made).
+//
+// A store may also have a method LastChange(ctx) (time.Time, error) that
+// returns when it last changed. A Client then trusts its wall clock for
+// sweeping only as far as that time plus what it measured since, so that a
+// clock set ahead does not sweep away keys a server still honours.
 // Every error about the journal itself matches one of ErrJournalCorrupt,
 // ErrJournalWrite, ErrRecordVersion or ErrClosed; a missing record matches
 // ErrNotFound.
@@ -193,9 +198,9 @@ type KeyStore interface {
 	// Pending returns up to limit pending records with keys after after
 	// ("" starts at the first), in key order, with their replayable
 	// requests. It changes nothing. A record that cannot be read is
-	// returned with only its Key set and State 0, with an error matching
-	// ErrJournalCorrupt or ErrRecordVersion joined into err, so that no
-	// pending operation is skipped in silence.
+	// returned with only its Key, State 0 and LastError saying why set,
+	// and an error matching ErrJournalCorrupt or ErrRecordVersion is joined
+	// into err, so that no pending operation is skipped in silence.
 	Pending(ctx context.Context, after string, limit int) ([]Operation, error)
 
 	// Claim is Pending for Resume: it returns up to limit pending records
@@ -215,8 +220,9 @@ type KeyStore interface {
 	Close() error
 }
 
-// checkKey is the key check every store makes in Reserve.
-func checkKey(key string) error {
+// CheckKey returns an error matching ErrInvalidKey unless key is 1 to 255
+// bytes of visible ASCII: the check every KeyStore makes in Reserve.
+func CheckKey(key string) error {
 	if err := validKey(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}

@@ -73,7 +73,7 @@ func (m *MemoryStore) lock(ctx context.Context) error {
 
 // Reserve implements KeyStore.
 func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, bool, error) {
-	if err := checkKey(op.Key); err != nil {
+	if err := CheckKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
 	if err := m.lock(ctx); err != nil {

@@ -232,7 +232,7 @@ func TestResumeBadURL(t *testing.T) {
 		fn, got := collect()
 		require.NoError(t, c.Resume(context.Background(), fn))
 		require.Len(t, got.list(), 1)
-		assert.ErrorIs(t, got.list()[0].err, idem.ErrNotRetryable)
+		assert.ErrorIs(t, got.list()[0].err, idem.ErrInvalidRequest)
 		assert.Empty(t, rt.sent)
 		op, err := store.Get(context.Background(), "k-bad-url")
 		require.NoError(t, err)
@@ -316,7 +316,7 @@ func TestResumePrepareError(t *testing.T) {
 func TestSweepWithoutResume(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(201)}}
-		c, store := newTestClient(rt, idem.WithRetention(30*time.Minute))
+		c, store := newTestClient(rt, idem.WithRetention(30*time.Minute), idem.WithResendWindow(time.Minute))
 		defer c.Close()
 		r, err := post(t, context.Background(), c.HTTPClient(), `{"n":1}`)
 		require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -12,7 +13,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -101,10 +101,22 @@ const (
 )
 
 // classifyResponse returns the verdict for a response and the reason, for
-// logs. A 409 is read to tell "in progress" (transient) from "key already
-// used" (permanent); its body stays readable for the caller.
+// logs. A server's explicit hint (Stripe-Should-Retry, X-Should-Retry)
+// wins over the status table. A 409 is read to tell "in progress"
+// (transient) from "key already used" (permanent); its body stays readable
+// for the caller.
 func classifyResponse(resp *http.Response) (verdict, string) {
 	code := resp.StatusCode
+	if code < 200 || code >= 400 {
+		for _, h := range [...]string{"Stripe-Should-Retry", "X-Should-Retry"} {
+			switch strings.ToLower(strings.TrimSpace(resp.Header.Get(h))) {
+			case "true":
+				return transient, strconv.Itoa(code) + " " + h + ": true"
+			case "false":
+				return permanent, strconv.Itoa(code) + " " + h + ": false"
+			}
+		}
+	}
 	switch {
 	case code >= 200 && code < 400:
 		return success, strconv.Itoa(code)
@@ -113,22 +125,33 @@ func classifyResponse(resp *http.Response) (verdict, string) {
 			return permanent, "409 key already used"
 		}
 		return transient, "409 in progress"
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
-		code == http.StatusTooManyRequests, code == http.StatusInternalServerError,
-		code == http.StatusBadGateway, code == http.StatusServiceUnavailable,
-		code == http.StatusGatewayTimeout:
+	case transientStatus(code):
 		return transient, strconv.Itoa(code)
 	}
 	return permanent, strconv.Itoa(code)
+}
+
+// transientStatus reports whether a status is worth retrying with the same
+// key: 408, 425, 429, 500, 502, 503, 504 and 529 ("overloaded").
+func transientStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests,
+		http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable,
+		http.StatusGatewayTimeout, 529:
+		return true
+	}
+	return false
 }
 
 // conflictPeek bounds how much of a 409 body is read to classify it.
 const conflictPeek = 4 << 10
 
 // conflictIsKeyReuse reports whether a 409 says the key was already used
-// (for another request) rather than that the first request is in progress.
-// It reads at most conflictPeek bytes and puts them back in front of the
-// body, so the caller still reads the whole body.
+// for another request rather than that the first request is in progress.
+// It reads the RFC 9457 problem's type and code (or a JSON error's code,
+// as Stripe sends it) from at most conflictPeek bytes of the body, and
+// puts them back in front of the body, so the caller still reads it all.
+// A 409 it cannot read is "in progress", the draft's meaning of a bare 409.
 func conflictIsKeyReuse(resp *http.Response) bool {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return false
@@ -141,13 +164,24 @@ func conflictIsKeyReuse(resp *http.Response) bool {
 	if err != nil {
 		return false
 	}
-	s := strings.ToLower(string(peek))
-	if strings.Contains(s, "in_progress") || strings.Contains(s, "in progress") || strings.Contains(s, "in_use") {
+	var p struct {
+		Type, Code string
+		Error      json.RawMessage
+	}
+	if json.Unmarshal(peek, &p) != nil {
 		return false
 	}
-	for _, w := range []string{"already_used", "already used", "key_reused", "reused", "mismatch"} {
-		if strings.Contains(s, w) {
-			return true
+	var inner struct{ Type, Code string }
+	_ = json.Unmarshal(p.Error, &inner)
+	for _, s := range [...]string{p.Type, p.Code, inner.Type, inner.Code} {
+		s = strings.ToLower(s)
+		if strings.Contains(s, "progress") || strings.Contains(s, "in_use") || strings.Contains(s, "in-use") {
+			return false
+		}
+		for _, w := range [...]string{"already_used", "already-used", "reused", "key-reuse", "key_reuse", "mismatch"} {
+			if strings.Contains(s, w) {
+				return true
+			}
 		}
 	}
 	return false
@@ -187,6 +221,20 @@ func classifyError(err error) (v verdict, reason string, sent bool) {
 	return transient, "network error", true
 }
 
+// serverDelay returns the wait a response asks for: Retry-After-Ms
+// (milliseconds) if it is valid, else Retry-After, and which one set it.
+func serverDelay(h http.Header, now time.Time) (time.Duration, string, bool) {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < float64(1<<62)/1e6 {
+			return time.Duration(ms * float64(time.Millisecond)), "Retry-After-Ms", true
+		}
+	}
+	if d, ok := retryAfter(h.Get("Retry-After"), now); ok {
+		return d, "Retry-After", true
+	}
+	return 0, "", false
+}
+
 // retryAfter parses a Retry-After header value: delay-seconds or an
 // HTTP-date (RFC 9110 §10.2.3). It reports false for an absent or malformed
 // value. A date in the past means no wait. Huge values are not an error:
@@ -219,52 +267,32 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, true
 }
 
-// retryBudget is a token bucket per host that bounds retries to a share of
-// requests: every call adds ratio tokens (up to burst) and every retry takes
-// one. During an outage retries then add at most about ratio to the request
-// rate, instead of multiplying it by the number of attempts.
-type retryBudget struct {
-	ratio, burst float64
-
-	mu     sync.Mutex
-	tokens map[string]float64 // by host; a host starts with a full bucket
+// sleep waits for d or until ctx is done, and then returns its cause.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return context.Cause(ctx)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
-func newRetryBudget(ratio float64, burst int) *retryBudget {
-	return &retryBudget{ratio: ratio, burst: float64(burst), tokens: make(map[string]float64)}
+// lazyBackOff creates the backoff schedule on the first retry only, so that
+// a request that needs no retry does not pay for it.
+type lazyBackOff struct {
+	p  RetryPolicy
+	bo *backoff.ExponentialBackOff
 }
 
-// level returns host's tokens; b.mu is held.
-func (b *retryBudget) level(host string) float64 {
-	t, ok := b.tokens[host]
-	if !ok {
-		return b.burst
+// NextBackOff returns the next wait bound of the schedule.
+func (l *lazyBackOff) NextBackOff() time.Duration {
+	if l.bo == nil {
+		l.bo = l.p.newBackOff()
 	}
-	return t
-}
-
-// deposit credits one call to host.
-func (b *retryBudget) deposit(host string) {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.tokens[host] = min(b.burst, b.level(host)+b.ratio)
-}
-
-// withdraw takes a token for one retry to host and reports whether there
-// was one.
-func (b *retryBudget) withdraw(host string) bool {
-	if b == nil {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	t := b.level(host)
-	if t < 1 {
-		return false
-	}
-	b.tokens[host] = t - 1
-	return true
+	return l.bo.NextBackOff()
 }

@@ -19,13 +19,15 @@
 //   - WithResumePrepare: credentials are never journaled and are added back
 //     to resumed requests;
 //   - the proof: the provider's ledger has every order exactly once — the
-//     program exits with status 1 if any order is charged twice or never.
+//     program exits with status 1 if any order is charged twice or never;
+//   - with -trace, idem's Hooks: the trace of one order that needed a
+//     retry, attempt by attempt, with the same key on each.
 //
 // The provider is an in-process idemtest server on loopback; nothing needs
 // setting up. The journal is kept in a temporary directory for inspection;
 // the program prints its path.
 //
-// Run it with: go run ./examples/checkout
+// Run it with: go run ./examples/checkout [-trace]
 package main
 
 import (
@@ -33,6 +35,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -68,6 +71,11 @@ const (
 func main() {
 	if os.Getenv(envRole) == roleShop {
 		os.Exit(shopMain())
+	}
+	trace := flag.Bool("trace", false, "print the trace of one retried order, from idem's Hooks")
+	flag.Parse()
+	if *trace {
+		os.Setenv(envTrace, "1") // the shops inherit it
 	}
 	dir, err := os.MkdirTemp("", "idem-checkout-")
 	if err != nil {
@@ -154,13 +162,17 @@ func shop(ctx context.Context, journal, url string) error {
 	}
 
 	// Pay the rest by name.
+	var tr *tracer
+	if os.Getenv(envTrace) != "" {
+		tr = &tracer{}
+	}
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	for range workers {
 		wg.Go(func() {
 			for n := range jobs {
-				if !pay(ctx, client.HTTPClient(), url, n) {
+				if !pay(ctx, client.HTTPClient(), url, n, tr) {
 					failed.Add(1)
 				}
 			}
@@ -209,7 +221,17 @@ func paidOrders(ctx context.Context, journal string) (map[int]bool, error) {
 
 // pay pays order n, re-driving it by name a few times if idem returns
 // without a charge (attempts ran out on faults); the name keeps the key.
-func pay(ctx context.Context, hc *http.Client, url string, n int) bool {
+// With a tracer, it says the trace of the first order that was retried.
+func pay(ctx context.Context, hc *http.Client, url string, n int, tr *tracer) bool {
+	if tr != nil {
+		h, o := tr.hooks()
+		ctx = idem.WithRequestHooks(ctx, h)
+		defer func() {
+			if lines := tr.take(o); lines != nil {
+				say("trace %s, from idem's hooks:\ntrace %s", orderName(n), strings.Join(lines, "\ntrace "))
+			}
+		}()
+	}
 	for try := range 5 {
 		if try > 0 {
 			select {
@@ -367,6 +389,7 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 	fmt.Fprintf(w, "Journal: %s\n\n", rep.Journal)
 
 	paid := make(map[int]bool)
+	traced, tracing := false, false // one order's trace was printed; is being printed
 	progress := func() {
 		if len(paid)%10 == 0 {
 			fmt.Fprintf(w, "  paid %3d/%d\n", len(paid), orders)
@@ -380,6 +403,16 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 			case line, ok := <-s.lines:
 				if !ok {
 					return nil
+				}
+				if strings.HasPrefix(line, "trace ") { // -trace: print one order's trace
+					if !traced {
+						fmt.Fprintf(w, "    %s\n", strings.TrimPrefix(line, "trace "))
+						tracing = true
+					}
+					continue
+				}
+				if tracing { // a trace's lines come in one block: it ended
+					traced, tracing = true, false
 				}
 				f := strings.Fields(line)
 				switch {

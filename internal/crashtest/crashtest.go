@@ -1,21 +1,30 @@
 // Package crashtest runs a helper child process and kills it for real, so a
 // test can check what survives a crash.
 //
-// The child is the test binary itself, re-executed to run one test function
-// with an environment variable naming a helper mode:
+// The child is the test binary itself, re-executed with an environment
+// variable naming a helper mode. The test binary's TestMain looks the mode
+// up before any test runs and, in a child, runs that mode's function
+// instead of the tests:
 //
-//	func TestCrashChild(t *testing.T) {
-//		if crashtest.Mode() != "reserve" {
-//			t.Skip("helper process for TestCrash")
+//	var children = map[string]func() int{"reserve": childReserve}
+//
+//	func TestMain(m *testing.M) {
+//		if child, ok := children[crashtest.Mode()]; ok {
+//			os.Exit(child())
 //		}
+//		os.Exit(m.Run())
+//	}
+//
+//	func childReserve() int {
 //		for ... {
 //			// do durable work, then announce it:
 //			crashtest.Emit("reserved", key)
 //		}
+//		return 0
 //	}
 //
 //	func TestCrash(t *testing.T) {
-//		c := crashtest.Start(t, "TestCrashChild", "reserve", "JOURNAL="+path)
+//		c := crashtest.Start(t, "reserve", "JOURNAL="+path)
 //		lines := c.KillAfter(rand.IntN(200) + 1) // SIGKILL after that many lines
 //		// reopen the journal and check every line's effect is there
 //	}
@@ -68,17 +77,21 @@ type Child struct {
 	ended bool
 }
 
-// Start runs the test binary as a child that runs only the test named run
-// (an exact name, not a pattern) in helper mode, with the extra environment
-// variables env ("NAME=value"). The child is killed when the test ends, if
-// it still runs. Its standard error goes to the test's log on failure.
-func Start(t testing.TB, run, mode string, env ...string) *Child {
+// Start runs the test binary as a child in helper mode mode, with the
+// extra environment variables env ("NAME=value"). The binary's TestMain
+// must run the mode (see the package documentation); should it not, the
+// child runs no test and exits without a line. The child is killed when
+// the test ends, if it still runs. Its standard error goes to the test's
+// log on failure.
+func Start(t testing.TB, mode string, env ...string) *Child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatalf("crashtest: %v", err)
 	}
-	cmd := exec.Command(exe, "-test.run=^"+run+"$", "-test.count=1", "-test.v=false", "-test.timeout=5m")
+	// -test.run=^$ matches no test: a mode that TestMain does not run
+	// must not run the tests, which would start children of their own.
+	cmd := exec.Command(exe, "-test.run=^$", "-test.count=1", "-test.v=false", "-test.timeout=5m")
 	cmd.Env = append(append(os.Environ(), EnvMode+"="+mode), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

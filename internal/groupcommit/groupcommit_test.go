@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -60,95 +60,98 @@ func (db *fakeDB) update(fn func(*fakeTx) error) error {
 }
 
 // hold makes the next commit block until the returned release is called;
-// entered is closed once that commit has started.
+// entered is closed once that commit has started. Calling release again
+// does nothing, so a test may also defer it, to free the writer if it
+// stops early.
 func (db *fakeDB) hold() (entered chan struct{}, release func()) {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	gate, entered := make(chan struct{}), make(chan struct{})
 	db.gate, db.entered = gate, entered
-	return entered, func() { close(gate) }
+	var once sync.Once
+	return entered, func() { once.Do(func() { close(gate) }) }
 }
 
 func put(name string) func(*fakeTx) error {
 	return func(tx *fakeTx) error { tx.put(name); return nil }
 }
 
-// waitQueued waits until n functions are queued behind the running group.
+// waitQueued waits, inside a synctest bubble, until every other goroutine
+// of the bubble is blocked, and checks that n functions are then queued
+// behind the running group.
 func waitQueued[T any](t *testing.T, w *Writer[T], n int) {
 	t.Helper()
-	for {
-		w.mu.Lock()
-		q := len(w.queue)
-		w.mu.Unlock()
-		if q >= n {
-			return
-		}
-		// Yield to the goroutines that are queueing.
-		select {
-		case <-t.Context().Done():
-			t.Fatal("test ended while waiting")
-		default:
-		}
-		runtime.Gosched()
+	synctest.Wait()
+	w.mu.Lock()
+	q := len(w.queue)
+	w.mu.Unlock()
+	if q != n {
+		t.Fatalf("%d functions queued, want %d", q, n)
 	}
 }
 
 func TestGroupTakesEverythingQueued(t *testing.T) {
-	db := newFakeDB()
-	w := New(db.update, Options{})
-	defer w.Close()
-	ctx := t.Context()
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		w := New(db.update, Options{})
+		defer w.Close()
+		ctx := t.Context()
 
-	entered, release := db.hold()
-	first := make(chan error, 1)
-	go func() { first <- w.Do(ctx, put("first")) }()
-	<-entered
+		entered, release := db.hold()
+		defer release()
+		first := make(chan error, 1)
+		go func() { first <- w.Do(ctx, put("first")) }()
+		<-entered
 
-	const n = 50
-	errs := make(chan error, n)
-	for i := range n {
-		go func() { errs <- w.Do(ctx, put(fmt.Sprint("w", i))) }()
-	}
-	waitQueued(t, w, n)
-	release()
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	for range n {
-		if err := <-errs; err != nil {
+		const n = 50
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- w.Do(ctx, put(fmt.Sprint("w", i))) }()
+		}
+		waitQueued(t, w, n)
+		release()
+		if err := <-first; err != nil {
 			t.Fatal(err)
 		}
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if len(db.groups) != 2 || len(db.groups[1]) != n {
-		t.Fatalf("got %d commits (sizes %v), want 2 with the second holding %d", len(db.groups), groupSizes(db.groups), n)
-	}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if len(db.groups) != 2 || len(db.groups[1]) != n {
+			t.Fatalf("got %d commits (sizes %v), want 2 with the second holding %d", len(db.groups), groupSizes(db.groups), n)
+		}
+	})
 }
 
 func TestMaxGroup(t *testing.T) {
-	db := newFakeDB()
-	w := New(db.update, Options{MaxGroup: 3})
-	defer w.Close()
-	entered, release := db.hold()
-	if err := w.Go(put("first")); err != nil {
-		t.Fatal(err)
-	}
-	<-entered
-	for i := range 7 {
-		if err := w.Go(put(fmt.Sprint(i))); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		w := New(db.update, Options{MaxGroup: 3})
+		defer w.Close()
+		entered, release := db.hold()
+		defer release()
+		if err := w.Go(put("first")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	release()
-	if err := w.Sync(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if got, want := groupSizes(db.groups), []int{1, 3, 3, 1}; !slices.Equal(got, want) {
-		t.Fatalf("group sizes %v, want %v", got, want)
-	}
+		<-entered
+		for i := range 7 {
+			if err := w.Go(put(fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		release()
+		if err := w.Sync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if got, want := groupSizes(db.groups), []int{1, 3, 3, 1}; !slices.Equal(got, want) {
+			t.Fatalf("group sizes %v, want %v", got, want)
+		}
+	})
 }
 
 func TestFailingFunctionDoesNotFailOthers(t *testing.T) {
@@ -160,86 +163,99 @@ func TestFailingFunctionDoesNotFailOthers(t *testing.T) {
 		{"panic", func(tx *fakeTx) error { tx.put("partial"); panic("boom") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := newFakeDB()
-			w := New(db.update, Options{})
-			defer w.Close()
-			ctx := t.Context()
-			entered, release := db.hold()
-			go w.Do(ctx, put("first")) //nolint:errcheck // only holds the writer
-			<-entered
+			synctest.Test(t, func(t *testing.T) {
+				db := newFakeDB()
+				w := New(db.update, Options{})
+				defer w.Close()
+				ctx := t.Context()
+				entered, release := db.hold()
+				defer release()
+				go w.Do(ctx, put("first")) //nolint:errcheck // only holds the writer
+				<-entered
 
-			results := make([]chan error, 3)
-			fns := []func(*fakeTx) error{put("a"), tc.bad, put("b")}
-			for i, fn := range fns {
-				results[i] = make(chan error, 1)
-				go func() { results[i] <- w.Do(ctx, fn) }()
-				waitQueued(t, w, i+1)
-			}
-			release()
-			if err := <-results[0]; err != nil {
-				t.Errorf("a: %v", err)
-			}
-			if err := <-results[1]; err == nil {
-				t.Error("bad function: got nil error")
-			}
-			if err := <-results[2]; err != nil {
-				t.Errorf("b: %v", err)
-			}
-			db.mu.Lock()
-			defer db.mu.Unlock()
-			if db.data["a"] != 1 || db.data["b"] != 1 || db.data["partial"] != 0 {
-				t.Fatalf("committed %v, want a and b once and no partial write", db.data)
-			}
+				results := make([]chan error, 3)
+				fns := []func(*fakeTx) error{put("a"), tc.bad, put("b")}
+				for i, fn := range fns {
+					results[i] = make(chan error, 1)
+					go func() { results[i] <- w.Do(ctx, fn) }()
+					waitQueued(t, w, i+1)
+				}
+				release()
+				if err := <-results[0]; err != nil {
+					t.Errorf("a: %v", err)
+				}
+				if err := <-results[1]; err == nil {
+					t.Error("bad function: got nil error")
+				}
+				if err := <-results[2]; err != nil {
+					t.Errorf("b: %v", err)
+				}
+				db.mu.Lock()
+				defer db.mu.Unlock()
+				if db.data["a"] != 1 || db.data["b"] != 1 || db.data["partial"] != 0 {
+					t.Fatalf("committed %v, want a and b once and no partial write", db.data)
+				}
+			})
 		})
 	}
 }
 
 func TestCommitFailureReachesEveryCaller(t *testing.T) {
-	db := newFakeDB()
-	asyncErrs := make(chan error, 1)
-	w := New(db.update, Options{OnAsyncError: func(err error) { asyncErrs <- err }})
-	defer w.Close()
-	ctx := t.Context()
-	entered, release := db.hold()
-	first := make(chan error, 1)
-	go func() { first <- w.Do(ctx, put("first")) }()
-	<-entered
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		asyncErrs := make(chan error, 1)
+		w := New(db.update, Options{OnAsyncError: func(err error) { asyncErrs <- err }})
+		defer w.Close()
+		ctx := t.Context()
+		entered, release := db.hold()
+		defer release()
+		first := make(chan error, 1)
+		go func() { first <- w.Do(ctx, put("first")) }()
+		<-entered
 
-	diskFull := errors.New("no space left on device")
-	const n = 5
-	errs := make(chan error, n)
-	for i := range n {
-		go func() { errs <- w.Do(ctx, put(fmt.Sprint(i))) }()
-	}
-	waitQueued(t, w, n)
-	if err := w.Go(put("async")); err != nil {
-		t.Fatal(err)
-	}
-	db.mu.Lock()
-	db.failOn = map[int]error{2: diskFull} // the group queued behind "first"
-	db.mu.Unlock()
-	release()
-	if err := <-first; err != nil {
-		t.Fatalf("first commit: %v", err)
-	}
-	for range n {
-		if err := <-errs; !errors.Is(err, diskFull) {
-			t.Errorf("caller in the failed group: got %v, want the commit error", err)
+		diskFull := errors.New("no space left on device")
+		const n = 5
+		errs := make(chan error, n)
+		for i := range n {
+			go func() { errs <- w.Do(ctx, put(fmt.Sprint(i))) }()
 		}
-	}
-	if err := <-asyncErrs; !errors.Is(err, diskFull) {
-		t.Errorf("async function in the failed group: got %v, want the commit error", err)
-	}
-	if err := w.Do(ctx, put("next")); err != nil {
-		t.Fatalf("the group after a failed commit: %v", err)
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	// The async function was kept and rode the next commit; the callers of
-	// Do in the failed group were told, and their changes are gone.
-	if len(db.data) != 3 || db.data["first"] != 1 || db.data["next"] != 1 || db.data["async"] != 1 {
-		t.Fatalf("committed %v, want first, async and next once each", db.data)
-	}
+		waitQueued(t, w, n)
+		if err := w.Go(put("async")); err != nil {
+			t.Fatal(err)
+		}
+		db.mu.Lock()
+		db.failOn = map[int]error{2: diskFull} // the group queued behind "first"
+		db.mu.Unlock()
+		release()
+		if err := <-first; err != nil {
+			t.Fatalf("first commit: %v", err)
+		}
+		for range n {
+			if err := <-errs; !errors.Is(err, diskFull) {
+				t.Errorf("caller in the failed group: got %v, want the commit error", err)
+			}
+		}
+		synctest.Wait()
+		select {
+		case err := <-asyncErrs:
+			if !errors.Is(err, diskFull) {
+				t.Errorf("async function in the failed group: got %v, want the commit error", err)
+			}
+		default:
+			t.Error("async function in the failed group: no error reached OnAsyncError")
+		}
+		if err := w.Do(ctx, put("next")); err != nil {
+			t.Fatalf("the group after a failed commit: %v", err)
+		}
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		// The async function was kept and rode the next commit; the
+		// callers of Do in the failed group were told, and their changes
+		// are gone.
+		if len(db.data) != 3 || db.data["first"] != 1 || db.data["next"] != 1 || db.data["async"] != 1 {
+			t.Fatalf("committed %v, want first, async and next once each", db.data)
+		}
+	})
 }
 
 func TestAsyncKeptUntilACommitSucceeds(t *testing.T) {
@@ -342,59 +358,72 @@ func TestCloseFlushesAndRefuses(t *testing.T) {
 }
 
 func TestCancelWhileQueued(t *testing.T) {
-	db := newFakeDB()
-	w := New(db.update, Options{})
-	defer w.Close()
-	entered, release := db.hold()
-	go w.Do(t.Context(), put("first")) //nolint:errcheck // only holds the writer
-	<-entered
-	ctx, cancel := context.WithCancel(t.Context())
-	res := make(chan error, 1)
-	go func() { res <- w.Do(ctx, put("cancelled")) }()
-	waitQueued(t, w, 1)
-	cancel()
-	if err := <-res; !errors.Is(err, context.Canceled) {
-		t.Fatalf("got %v, want context.Canceled", err)
-	}
-	release()
-	if err := w.Do(t.Context(), put("after")); err != nil {
-		t.Fatal(err)
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if db.data["cancelled"] != 0 {
-		t.Fatal("a function cancelled while queued was committed")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		w := New(db.update, Options{})
+		defer w.Close()
+		entered, release := db.hold()
+		defer release()
+		go w.Do(t.Context(), put("first")) //nolint:errcheck // only holds the writer
+		<-entered
+		ctx, cancel := context.WithCancel(t.Context())
+		res := make(chan error, 1)
+		go func() { res <- w.Do(ctx, put("cancelled")) }()
+		waitQueued(t, w, 1)
+		cancel()
+		synctest.Wait()
+		select {
+		case err := <-res:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("got %v, want context.Canceled", err)
+			}
+		default:
+			t.Fatal("Do did not return when its context ended while its function was queued")
+		}
+		release()
+		if err := w.Do(t.Context(), put("after")); err != nil {
+			t.Fatal(err)
+		}
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if db.data["cancelled"] != 0 {
+			t.Fatal("a function cancelled while queued was committed")
+		}
+	})
 }
 
 func TestSyncWaitsForAsync(t *testing.T) {
-	db := newFakeDB()
-	w := New(db.update, Options{})
-	defer w.Close()
-	entered, release := db.hold()
-	if err := w.Go(put("a")); err != nil {
-		t.Fatal(err)
-	}
-	<-entered
-	if err := w.Go(put("b")); err != nil {
-		t.Fatal(err)
-	}
-	synced := make(chan error, 1)
-	go func() { synced <- w.Sync(t.Context()) }()
-	select {
-	case <-synced:
-		t.Fatal("Sync returned while a queued function had not committed")
-	default:
-	}
-	release()
-	if err := <-synced; err != nil {
-		t.Fatal(err)
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if db.data["a"] != 1 || db.data["b"] != 1 {
-		t.Fatalf("after Sync: %v", db.data)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		db := newFakeDB()
+		w := New(db.update, Options{})
+		defer w.Close()
+		entered, release := db.hold()
+		defer release()
+		if err := w.Go(put("a")); err != nil {
+			t.Fatal(err)
+		}
+		<-entered
+		if err := w.Go(put("b")); err != nil {
+			t.Fatal(err)
+		}
+		synced := make(chan error, 1)
+		go func() { synced <- w.Sync(t.Context()) }()
+		synctest.Wait() // Sync is waiting, or returned
+		select {
+		case <-synced:
+			t.Fatal("Sync returned while a queued function had not committed")
+		default:
+		}
+		release()
+		if err := <-synced; err != nil {
+			t.Fatal(err)
+		}
+		db.mu.Lock()
+		defer db.mu.Unlock()
+		if db.data["a"] != 1 || db.data["b"] != 1 {
+			t.Fatalf("after Sync: %v", db.data)
+		}
+	})
 }
 
 // TestAsyncRidesNextDurableCommit checks that functions queued with Go
@@ -436,26 +465,33 @@ func TestAsyncRidesNextDurableCommit(t *testing.T) {
 	}
 }
 
+// TestAsyncCommittedAfterDelay checks that a lone function queued with Go
+// is committed once the async delay is over, and not before.
 func TestAsyncCommittedAfterDelay(t *testing.T) {
-	db := newFakeDB()
-	w := New(db.update, Options{AsyncDelay: time.Millisecond})
-	defer w.Close()
-	if err := w.Go(put("finish")); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		db.mu.Lock()
-		n := db.data["finish"]
-		db.mu.Unlock()
-		if n == 1 {
-			return
+	synctest.Test(t, func(t *testing.T) {
+		const delay = time.Second
+		db := newFakeDB()
+		w := New(db.update, Options{AsyncDelay: delay})
+		defer w.Close()
+		committed := func() int {
+			db.mu.Lock()
+			defer db.mu.Unlock()
+			return db.data["finish"]
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a lone Go function was never committed")
+		if err := w.Go(put("finish")); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		time.Sleep(delay - time.Nanosecond)
+		synctest.Wait()
+		if n := committed(); n != 0 {
+			t.Fatalf("a lone Go function was committed %d times before the async delay was over", n)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if n := committed(); n != 1 {
+			t.Fatalf("a lone Go function was committed %d times once the async delay was over, want 1", n)
+		}
+	})
 }
 
 // BenchmarkHandoff measures what the writer itself costs a caller: Do of

@@ -1,7 +1,8 @@
-package idem_test
+package sdktest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync/atomic"
@@ -63,7 +64,8 @@ func TestUnderStripeGo(t *testing.T) {
 	assert.Equal(t, 3, first.Requests)
 
 	// "Restart": a new idem client and a new stripe client over the same journal.
-	sc2, _ := newStripe()
+	sc2, c2 := newStripe()
+	defer c2.Close() // closes the shared store, after both clients are done
 	pi, err = sc2.V1PaymentIntents.Create(ctx, params())
 	require.NoError(t, err)
 	assert.Equal(t, "pi_1", pi.ID, "the provider replayed the first result")
@@ -72,4 +74,40 @@ func TestUnderStripeGo(t *testing.T) {
 	assert.Equal(t, int64(1), created.Load(), "created exactly once")
 	assert.Equal(t, 0, st.DuplicateKeys())
 	assert.Equal(t, 2, st.Replays)
+}
+
+// TestStripeShouldRetryFalse checks that idem honours a server's
+// "Stripe-Should-Retry: false" on a 500, which the wire table alone would
+// retry: the request is sent once, not once per allowed attempt, and
+// stripe-go, at its default of two retries, does not send it again either.
+func TestStripeShouldRetryFalse(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Stripe-Should-Retry", "false")
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, `{"error":{"type":"api_error","message":"the charge failed and must not be retried"}}`)
+	})
+	srv := idemtest.NewServer(h)
+	defer srv.Close()
+
+	c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(srv.Client().Transport), idem.WithBackoff(1, 1))
+	defer c.Close()
+	sc := stripe.NewClient("sk_test_123", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		HTTPClient:      c.HTTPClient(),
+		URL:             stripe.String(srv.URL),
+		EnableTelemetry: stripe.Bool(false),
+		LeveledLogger:   &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})))
+
+	_, err := sc.V1PaymentIntents.Create(context.Background(), &stripe.PaymentIntentCreateParams{
+		Amount: stripe.Int64(4200), Currency: stripe.String("eur"),
+	})
+	var se *stripe.Error
+	if assert.True(t, errors.As(err, &se), "want a *stripe.Error, got %v", err) {
+		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+	}
+	st := srv.Stats()
+	assert.Equal(t, 1, st.Requests, "requests sent: Stripe-Should-Retry: false must stop idem's retries")
+	assert.Equal(t, 1, st.Runs, "handler runs")
+	assert.Len(t, st.AttemptsByKey, 1, "keys")
 }

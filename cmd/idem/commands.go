@@ -1,0 +1,503 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemgo/idem"
+)
+
+// opView is an operation as the command prints it. Header values and the
+// body are filled in only for show --body.
+type opView struct {
+	Key         string    `json:"key"`
+	Name        string    `json:"name,omitempty"`
+	State       string    `json:"state"`
+	Method      string    `json:"method,omitempty"`
+	URL         string    `json:"url,omitempty"`
+	Host        string    `json:"host,omitempty"`
+	Attempts    int       `json:"attempts"`
+	LastStatus  int       `json:"last_status,omitempty"`
+	LastError   string    `json:"last_error,omitempty"`
+	Created     time.Time `json:"created,omitzero"`
+	Updated     time.Time `json:"updated,omitzero"`
+	AgeSeconds  float64   `json:"age_seconds"`
+	Owner       string    `json:"owner,omitempty"`
+	LeaseUntil  time.Time `json:"lease_until,omitzero"`
+	Fingerprint string    `json:"fingerprint,omitempty"`
+	// Resend says whether Resume can send a pending operation again:
+	// "yes", "needs credentials", "body not journaled", "past resend
+	// window", "unreadable".
+	Resend       string      `json:"resend,omitempty"`
+	Redacted     bool        `json:"redacted,omitempty"`
+	Unreplayable bool        `json:"unreplayable,omitempty"`
+	HeaderNames  []string    `json:"header_names,omitempty"`
+	Header       http.Header `json:"header,omitempty"`
+	Body         *string     `json:"body,omitempty"`
+	BodyBase64   *string     `json:"body_base64,omitempty"`
+}
+
+func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
+	v := opView{
+		Key: op.Key, Name: op.Name, State: op.State.String(), Method: op.Method, URL: withoutQuery(op.URL), Host: op.Host,
+		Attempts: op.Attempts, LastStatus: op.LastStatus, LastError: op.LastError,
+		Created: op.Created, Updated: op.Updated, Owner: op.Owner, LeaseUntil: op.LeaseUntil,
+		Redacted: op.Redacted, Unreplayable: op.Unreplayable,
+	}
+	if fullURL {
+		v.URL = op.URL
+	}
+	if !op.Created.IsZero() {
+		v.AgeSeconds = max(c.now.Sub(op.Created), 0).Seconds()
+	}
+	if op.Fingerprint != ([32]byte{}) {
+		v.Fingerprint = hex.EncodeToString(op.Fingerprint[:])
+	}
+	switch {
+	case op.State == 0:
+		v.Resend = "unreadable"
+	case op.State != idem.StatePending:
+	case op.Created.Before(c.now.Add(-idem.DefaultResendWindow)):
+		v.Resend = "past resend window"
+	case op.Unreplayable:
+		v.Resend = "body not journaled"
+	case op.Redacted:
+		v.Resend = "needs credentials"
+	default:
+		v.Resend = "yes"
+	}
+	v.HeaderNames = sortedKeys(op.Header)
+	if body {
+		v.Header = op.Header
+		if op.Body != nil {
+			if s := string(op.Body); utf8.ValidString(s) {
+				v.Body = &s
+			} else {
+				b := base64.StdEncoding.EncodeToString(op.Body)
+				v.BodyBase64 = &b
+			}
+		}
+	}
+	return v
+}
+
+// age formats a duration in seconds for a table.
+func age(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+	case d >= time.Minute:
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// last is an operation's last outcome for a table.
+func last(v opView) string {
+	var parts []string
+	if v.LastStatus != 0 {
+		parts = append(parts, fmt.Sprint(v.LastStatus))
+	}
+	if v.LastError != "" {
+		e := v.LastError
+		if len(e) > 60 {
+			e = e[:57] + "..."
+		}
+		parts = append(parts, e)
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (c *cli) writeJSON(v any) error {
+	enc := json.NewEncoder(c.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cli) table() *tabwriter.Writer { return tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0) }
+
+// listing is the JSON form of ls and pending.
+type listing struct {
+	Operations []opView `json:"operations"`
+	// Unreadable counts pending records the journal could not read.
+	Unreadable int    `json:"unreadable"`
+	Error      string `json:"error,omitempty"`
+}
+
+// readPending reads the pending operations for ls and pending. A failure
+// to read some records is reported in the listing, not as an error.
+func (c *cli) readPending() (l listing, err error) {
+	s, err := c.open()
+	if err != nil {
+		return l, err
+	}
+	defer closeStore(s, &err)
+	ops, perr := allPending(c.ctx, s)
+	l.Operations = make([]opView, 0, len(ops))
+	for _, op := range ops {
+		if op.State == 0 {
+			l.Unreadable++
+		}
+		l.Operations = append(l.Operations, c.view(op, false, false))
+	}
+	if perr != nil {
+		if len(ops) == 0 {
+			return l, perr
+		}
+		l.Error = perr.Error()
+	}
+	return l, nil
+}
+
+// ls lists the pending operations, one line each.
+func (c *cli) ls(_ []string) error {
+	l, err := c.readPending()
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.writeJSON(l)
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "KEY\tNAME\tSTATE\tMETHOD\tURL\tATTEMPTS\tAGE")
+	for _, v := range l.Operations {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", v.Key, dash(v.Name), v.State, dash(v.Method), dash(v.URL), v.Attempts, age(v.AgeSeconds))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "%d pending. Finished operations are not listed; see one with \"idem show KEY|NAME\".\n", len(l.Operations))
+	return c.unreadable(l)
+}
+
+// unreadable reports the pending records that could not be read.
+func (c *cli) unreadable(l listing) error {
+	if l.Unreadable > 0 || l.Error != "" {
+		return fmt.Errorf("%d pending records could not be read: %s", l.Unreadable, l.Error)
+	}
+	return nil
+}
+
+// pending lists the pending operations with what Resume can do for them.
+func (c *cli) pending(_ []string) error {
+	l, err := c.readPending()
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.writeJSON(l)
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND")
+	for _, v := range l.Operations {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.Key, dash(v.Name), dash(v.Method), dash(v.URL), age(v.AgeSeconds), v.Attempts, last(v), v.Resend)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "%d pending (in doubt: no process holds the journal, so none is in flight).\n", len(l.Operations))
+	return c.unreadable(l)
+}
+
+// show prints one operation.
+func (c *cli) show(arg string, body bool) (err error) {
+	s, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer closeStore(s, &err)
+	op, err := find(c.ctx, s, arg)
+	if err != nil {
+		return err
+	}
+	v := c.view(op, true, body)
+	if c.json {
+		return c.writeJSON(v)
+	}
+	tw := c.table()
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	row("key", v.Key)
+	row("name", v.Name)
+	row("state", v.State)
+	row("request", strings.TrimSpace(v.Method+" "+v.URL))
+	row("host", v.Host)
+	row("attempts", fmt.Sprint(v.Attempts))
+	if v.LastStatus != 0 {
+		row("last status", fmt.Sprint(v.LastStatus))
+	}
+	row("last error", v.LastError)
+	if !op.Created.IsZero() {
+		row("created", fmt.Sprintf("%s (%s ago)", op.Created.Format(time.RFC3339), age(v.AgeSeconds)))
+	}
+	if !op.Updated.IsZero() {
+		row("updated", op.Updated.Format(time.RFC3339))
+	}
+	switch {
+	case v.Owner == "" || op.State != idem.StatePending:
+	case v.LeaseUntil.After(c.now):
+		row("lease", fmt.Sprintf("held by %s until %s", v.Owner, v.LeaseUntil.Format(time.RFC3339)))
+	default:
+		row("lease", fmt.Sprintf("lapsed (last held by %s)", v.Owner))
+	}
+	row("fingerprint", v.Fingerprint)
+	row("resend", v.Resend)
+	if !body {
+		row("headers", strings.Join(v.HeaderNames, ", "))
+	} else {
+		for _, k := range v.HeaderNames {
+			row("header "+k, strings.Join(op.Header[k], ", "))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case !body:
+	case v.Body != nil:
+		fmt.Fprintf(c.out, "\n%s\n", *v.Body)
+	case v.BodyBase64 != nil:
+		fmt.Fprintf(c.out, "\nbody (base64):\n%s\n", *v.BodyBase64)
+	default:
+		fmt.Fprintln(c.out, "\n(no body journaled: a finished operation keeps none)")
+	}
+	return nil
+}
+
+// resumeResult is one operation's outcome in resume's output.
+type resumeResult struct {
+	Key    string `json:"key"`
+	Name   string `json:"name,omitempty"`
+	State  string `json:"state"`
+	Status int    `json:"status,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// Outcome is a word for the table: "sent", "needs credentials",
+	// "expired", "not resendable", "unreadable", "failed".
+	Outcome string `json:"outcome"`
+}
+
+// resume sends the pending operations again through a Client on the
+// journal. It has no credentials: operations that need them stay pending.
+func (c *cli) resume(concurrency int) error {
+	s, err := c.open()
+	if err != nil {
+		return err
+	}
+	client := idem.New(s, idem.WithResumeConcurrency(concurrency))
+	var (
+		mu      sync.Mutex
+		results = []resumeResult{}
+	)
+	rerr := client.Resume(c.ctx, func(op idem.Operation, resp *http.Response, err error) {
+		r := resumeResult{Key: op.Key, Name: op.Name, State: op.State.String()}
+		switch {
+		case resp != nil:
+			resp.Body.Close() // the caller "received" the answer: it settles
+			r.Status, r.Outcome = resp.StatusCode, "sent"
+		case errors.Is(err, idem.ErrNoCredentials):
+			r.Outcome = "needs credentials"
+		case errors.Is(err, idem.ErrExpired):
+			r.Outcome = "expired"
+		case errors.Is(err, idem.ErrNotRetryable):
+			r.Outcome = "not resendable"
+		case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
+			r.Outcome = "unreadable"
+		default:
+			r.Outcome = "failed"
+		}
+		if err != nil {
+			r.Error = err.Error()
+		}
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+	})
+	if err := client.Close(); err != nil {
+		rerr = errors.Join(rerr, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if c.json {
+		if err := c.writeJSON(map[string]any{"operations": results}); err != nil {
+			return err
+		}
+		return rerr
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "KEY\tNAME\tOUTCOME\tSTATE\tSTATUS")
+	for _, r := range results {
+		status := "-"
+		if r.Status != 0 {
+			status = fmt.Sprint(r.Status)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Key, dash(r.Name), r.Outcome, r.State, status)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.out, "%d operations resumed.\n", len(results))
+	for _, r := range results {
+		if r.Outcome == "needs credentials" {
+			fmt.Fprintln(c.out, "Operations that need credentials stay pending: the application resumes them with its WithResumePrepare hook.")
+			break
+		}
+	}
+	return rerr
+}
+
+// expire marks a pending operation expired.
+func (c *cli) expire(arg string) (err error) {
+	s, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer closeStore(s, &err)
+	op, err := find(c.ctx, s, arg)
+	if err != nil {
+		return err
+	}
+	if op.State != idem.StatePending {
+		return fmt.Errorf("operation %s is %s, not pending: nothing to expire", op.Key, op.State)
+	}
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator"}); err != nil {
+		return err
+	}
+	if err := s.Close(); err != nil { // Finish is durable once Close returns
+		return err
+	}
+	if c.json {
+		return c.writeJSON(map[string]string{"key": op.Key, "name": op.Name, "state": idem.StateExpired.String()})
+	}
+	fmt.Fprintf(c.out, "expired %s", op.Key)
+	if op.Name != "" {
+		fmt.Fprintf(c.out, " (%s)", op.Name)
+	}
+	fmt.Fprintln(c.out, ": it will not be sent again; reconcile it with the server by its key.")
+	return nil
+}
+
+// gc deletes finished operations last changed before retention ago.
+func (c *cli) gc(retention time.Duration) (err error) {
+	if retention < 0 {
+		return errors.New("--retention must not be negative")
+	}
+	s, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer closeStore(s, &err)
+	cutoff := c.now.Add(-retention)
+	n, err := s.Sweep(c.ctx, cutoff)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.writeJSON(map[string]any{"swept": n, "cutoff": cutoff})
+	}
+	fmt.Fprintf(c.out, "swept %d finished operations last changed before %s\n", n, cutoff.Format(time.RFC3339))
+	return nil
+}
+
+// statsView is stats' JSON form.
+type statsView struct {
+	FileSize int64 `json:"file_size_bytes"`
+	// ByState counts operations by state. Only pending operations can be
+	// counted through the journal's API; finished ones are absent.
+	ByState    map[string]int `json:"by_state"`
+	Unreadable int            `json:"unreadable"`
+	// OldestPending is when the oldest pending operation was created.
+	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
+	OldestPendingAge float64    `json:"oldest_pending_age_seconds,omitempty"`
+	// PastResendWindow counts pending operations older than the default
+	// resend window: Resume expires them instead of sending them.
+	PastResendWindow int `json:"past_resend_window"`
+	NeedCredentials  int `json:"need_credentials"`
+}
+
+// stats counts what the journal holds.
+func (c *cli) stats(_ []string) (err error) {
+	s, err := c.open()
+	if err != nil {
+		return err
+	}
+	defer closeStore(s, &err)
+	fi, err := os.Stat(c.journal)
+	if err != nil {
+		return err
+	}
+	ops, perr := allPending(c.ctx, s)
+	if perr != nil && len(ops) == 0 {
+		return perr
+	}
+	st := statsView{FileSize: fi.Size(), ByState: map[string]int{idem.StatePending.String(): 0}}
+	var oldest time.Time
+	for _, op := range ops {
+		if op.State == 0 {
+			st.Unreadable++
+			continue
+		}
+		st.ByState[op.State.String()]++
+		if oldest.IsZero() || op.Created.Before(oldest) {
+			oldest = op.Created
+		}
+		switch c.view(op, false, false).Resend {
+		case "past resend window":
+			st.PastResendWindow++
+		case "needs credentials":
+			st.NeedCredentials++
+		}
+	}
+	if !oldest.IsZero() {
+		st.OldestPending = &oldest
+		st.OldestPendingAge = max(c.now.Sub(oldest), 0).Seconds()
+	}
+	if c.json {
+		if err := c.writeJSON(st); err != nil {
+			return err
+		}
+	} else {
+		tw := c.table()
+		fmt.Fprintf(tw, "file\t%s (%d bytes)\n", c.journal, st.FileSize)
+		fmt.Fprintf(tw, "pending\t%d\n", st.ByState["pending"])
+		if st.OldestPending != nil {
+			fmt.Fprintf(tw, "oldest pending\t%s old (created %s)\n", age(st.OldestPendingAge), st.OldestPending.Format(time.RFC3339))
+		}
+		fmt.Fprintf(tw, "past resend window\t%d\n", st.PastResendWindow)
+		fmt.Fprintf(tw, "need credentials\t%d\n", st.NeedCredentials)
+		if st.Unreadable > 0 {
+			fmt.Fprintf(tw, "unreadable\t%d\n", st.Unreadable)
+		}
+		fmt.Fprintf(tw, "finished\tnot counted (the journal offers no walk over finished operations)\n")
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if perr != nil {
+		return fmt.Errorf("%d pending records could not be read: %w", st.Unreadable, perr)
+	}
+	return nil
+}

@@ -1,0 +1,299 @@
+// Command idem reads and tends an idem journal (the bbolt file that
+// idem.Open and idem.OpenBoltStore use): it lists and shows operations,
+// resumes or expires the pending ones, sweeps old finished ones, checks the
+// file for damage and counts what it holds.
+//
+// Usage:
+//
+//	idem [flags] COMMAND [command flags] [ARGS]
+//
+// Run "idem -h" for the commands and flags. The journal is named with
+// --journal or the IDEM_JOURNAL environment variable. A running
+// application holds the journal's lock: the command then exits with status
+// 3 and points to the application's live page (package idemstatus).
+//
+// Nothing idem journals is secret (credentials are never written), and the
+// command prints no request headers' values or bodies unless asked with
+// show --body.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses.
+const (
+	exitOK     = 0
+	exitFailed = 1 // the command failed, or verify found damage
+	exitUsage  = 2
+	exitLocked = 3 // the journal is held by a running application
+)
+
+// envJournal names the journal when --journal is not given.
+const envJournal = "IDEM_JOURNAL"
+
+const usageText = `usage: idem [--journal PATH] [--json] [--lock-timeout D] COMMAND [ARGS]
+
+Reads and tends an idem journal (the bbolt file of idem.Open).
+
+Commands:
+  ls                 list the pending operations, one line each
+  show KEY|NAME      show one operation (finished ones too) [--body: with
+                     its journaled request headers and body]
+  pending            the pending operations in detail: last outcome, lease,
+                     whether Resume can send them
+  resume             send the pending operations again with their keys,
+                     from this machine, and finish them; operations whose
+                     credentials were not journaled need the application's
+                     WithResumePrepare and are reported "needs credentials"
+  expire KEY|NAME    give up a pending operation: mark it expired, never to
+                     be sent again ("expired by operator")
+  gc                 delete finished operations last changed before
+                     --retention ago [--retention 25h]
+  verify             check the file page by page and read every pending
+                     operation; exits 1 on damage
+  stats              counts, oldest pending operation, file size
+
+Flags:
+  --journal PATH     the journal file (default $IDEM_JOURNAL)
+  --json             print JSON instead of tables, for scripts
+  --lock-timeout D   how long to wait for the journal's lock (default 1s)
+
+The journal has one user at a time: while an application has it open, the
+command exits with status 3; look at the application's live page
+(idemstatus.Handler) instead, or stop the application.
+
+Exit status: 0 done, 1 failed or damage found, 2 usage, 3 journal in use.
+`
+
+// cli is one run of the command.
+type cli struct {
+	ctx         context.Context
+	journal     string
+	json        bool
+	lockTimeout time.Duration
+	out, err    io.Writer
+	now         time.Time
+}
+
+// command is one subcommand: its flags are set up by flags, its arguments
+// counted by nargs, and run does the work.
+type command struct {
+	args  string // the arguments in the usage line
+	nargs int
+	flags func(fs *flag.FlagSet) func(*cli, []string) error
+}
+
+var commands = map[string]command{
+	"ls":      {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).ls }},
+	"pending": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).pending }},
+	"show": {"KEY|NAME", 1, func(fs *flag.FlagSet) func(*cli, []string) error {
+		body := fs.Bool("body", false, "print the journaled request headers and body")
+		return func(c *cli, args []string) error { return c.show(args[0], *body) }
+	}},
+	"resume": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
+		n := fs.Int("concurrency", 8, "operations sent at once")
+		return func(c *cli, _ []string) error { return c.resume(*n) }
+	}},
+	"expire": {"KEY|NAME", 1, func(fs *flag.FlagSet) func(*cli, []string) error {
+		return func(c *cli, args []string) error { return c.expire(args[0]) }
+	}},
+	"gc": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
+		r := fs.Duration("retention", idem.DefaultRetention, "keep finished operations changed within this long")
+		return func(c *cli, _ []string) error { return c.gc(*r) }
+	}},
+	"verify": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).verify }},
+	"stats":  {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).stats }},
+}
+
+// run runs the command with args (without the program name) and returns
+// its exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := &cli{ctx: ctx, out: stdout, err: stderr, now: time.Now()}
+	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.journal, "journal", os.Getenv(envJournal), "")
+	fs.BoolVar(&c.json, "json", false, "")
+	fs.DurationVar(&c.lockTimeout, "lock-timeout", time.Second, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usageText)
+			return exitOK
+		}
+		return c.usage(err.Error())
+	}
+	if fs.NArg() == 0 {
+		return c.usage("no command")
+	}
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	cmd, ok := commands[name]
+	if !ok {
+		return c.usage(fmt.Sprintf("unknown command %q", name))
+	}
+	sub := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
+	sub.SetOutput(io.Discard)
+	sub.BoolVar(&c.json, "json", c.json, "print JSON")
+	do := cmd.flags(sub)
+	if err := sub.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "usage: idem [--journal PATH] %s [flags] %s\n", name, cmd.args)
+			sub.SetOutput(stdout)
+			sub.PrintDefaults()
+			return exitOK
+		}
+		return c.usage(fmt.Sprintf("%s: %v", name, err))
+	}
+	if sub.NArg() != cmd.nargs {
+		return c.usage(fmt.Sprintf("%s takes %d argument(s) (%s), got %d", name, cmd.nargs, cmd.args, sub.NArg()))
+	}
+	if c.journal == "" {
+		return c.usage("no journal: use --journal PATH or set " + envJournal)
+	}
+	if err := do(c, sub.Args()); err != nil {
+		return c.fail(err)
+	}
+	return exitOK
+}
+
+func (c *cli) usage(msg string) int {
+	fmt.Fprintf(c.err, "idem: %s\n\n%s", msg, usageText)
+	return exitUsage
+}
+
+// errDamaged is returned by verify when it found damage, after printing
+// what it found.
+var errDamaged = errors.New("journal is damaged")
+
+// fail prints err, plainly for the errors an operator meets, and returns
+// the exit status.
+func (c *cli) fail(err error) int {
+	switch {
+	case errors.Is(err, idem.ErrJournalLocked):
+		fmt.Fprintf(c.err, "idem: journal %s is in use by a running application (or another idem command).\n"+
+			"  A journal has one user at a time. See what the application is doing on its live\n"+
+			"  page (idemstatus.Handler, often mounted at /debug/idem), or stop it and try again.\n", c.journal)
+		return exitLocked
+	case errors.Is(err, errDamaged):
+		fmt.Fprintf(c.err, "idem: journal %s is damaged (see above).\n"+
+			"  An application refuses to open a damaged journal. Keep a copy of the file, then\n"+
+			"  restore it from a backup or move it aside; its pending operations must be\n"+
+			"  reconciled with the servers by their keys.\n", c.journal)
+	case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
+		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details.\n", err, c.journal)
+	default:
+		fmt.Fprintf(c.err, "idem: %v\n", err)
+	}
+	return exitFailed
+}
+
+// open opens the journal, which must exist: the command never creates
+// one.
+func (c *cli) open() (*idem.BoltStore, error) {
+	if err := c.checkFile(); err != nil {
+		return nil, err
+	}
+	return idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout})
+}
+
+// checkFile checks that the journal is a non-empty regular file. An empty
+// file would be taken for a new journal.
+func (c *cli) checkFile() error {
+	fi, err := os.Stat(c.journal)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("no journal at %s", c.journal)
+	case err != nil:
+		return err
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", c.journal)
+	case fi.Size() == 0:
+		return fmt.Errorf("%w: %s is empty (a journal is never empty: was it lost or truncated?)", idem.ErrJournalCorrupt, c.journal)
+	}
+	return nil
+}
+
+// closeStore closes s and joins its error to *err.
+func closeStore(s idem.KeyStore, err *error) {
+	if cerr := s.Close(); cerr != nil && !errors.Is(cerr, idem.ErrClosed) {
+		*err = errors.Join(*err, cerr)
+	}
+}
+
+// pendingPage is how many pending operations are read at a time.
+const pendingPage = 500
+
+// allPending reads every pending operation. Records the store could not
+// read are returned with State 0 and LastError set, and err says so.
+func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) {
+	var (
+		ops  []idem.Operation
+		errs []error
+	)
+	for after := ""; ; {
+		page, err := s.Pending(ctx, after, pendingPage)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		ops = append(ops, page...)
+		if len(page) < pendingPage {
+			return ops, errors.Join(errs...)
+		}
+		after = page[len(page)-1].Key
+	}
+}
+
+// find returns the operation with key or name arg.
+func find(ctx context.Context, s *idem.BoltStore, arg string) (idem.Operation, error) {
+	op, err := s.Get(ctx, arg)
+	if err == nil {
+		return op, nil
+	}
+	if !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrInvalidKey) {
+		return op, err
+	}
+	op, nerr := s.Named(ctx, arg)
+	if errors.Is(nerr, idem.ErrNotFound) {
+		return op, fmt.Errorf("no operation with key or name %q (finished operations are swept after their retention)", arg)
+	}
+	return op, nerr
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// withoutQuery returns u without its query and fragment.
+func withoutQuery(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i]
+	}
+	return u
+}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestBFF runs the whole demo and checks its report and output.
+func TestBFF(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	rep, err := run(&out, dir)
+	t.Log("\n" + out.String())
+	require.NoError(t, err)
+
+	assert.Equal(t, orders, rep.Orders)
+	assert.Equal(t, orders, rep.ChargedOnce, "every order charged exactly once")
+	assert.Zero(t, rep.ChargedTwice)
+	assert.Zero(t, rep.NeverCharged)
+	assert.Equal(t, orders, rep.Consistent, "every answer for an order the same")
+	assert.GreaterOrEqual(t, rep.Answers, 2*orders, "each order answered, then answered again")
+	assert.Positive(t, rep.Lost, "the app's network lost answers")
+	assert.Positive(t, rep.Replays, "the BFF replayed stored answers")
+	assert.Positive(t, rep.ProviderReplays, "the provider replayed lost answers by key")
+	assert.Contains(t, out.String(), "every order charged exactly once; every app retry got the stored answer")
+	assert.Contains(t, out.String(), dir)
+	assert.FileExists(t, dir+"/keys.db")
+	fi, err := os.Stat(dir + "/keys.db")
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+}

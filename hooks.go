@@ -1,0 +1,159 @@
+package idem
+
+import (
+	"context"
+	"time"
+)
+
+// Hooks are callbacks for what idem does, in the style of
+// net/http/httptrace.ClientTrace: every field is optional and a nil one
+// costs nothing. Set them for a Client with WithHooks, or for the requests
+// of one context with WithRequestHooks; both are called when both are set.
+// Hooks are called synchronously on the goroutine doing the work, some
+// with locks held by none of idem's callers: keep them quick, and do not
+// call back into the Client from them.
+type Hooks struct {
+	// AttemptDone is called after each attempt with what it got.
+	AttemptDone func(AttemptInfo)
+	// RetryScheduled is called before the wait for the next attempt.
+	RetryScheduled func(RetryInfo)
+	// Settled is called when the caller received an operation's answer
+	// (its body read to the end or closed): it will not be sent again.
+	Settled func(op OperationInfo)
+	// InDoubt is called when an operation ends without an answer for the
+	// caller after a request may have reached the server: it stays pending
+	// for Resume or a re-drive.
+	InDoubt func(op OperationInfo, err error)
+	// Resumed is called by Resume for each operation it finished, with the
+	// status it got (0 for none) or the error.
+	Resumed func(op OperationInfo, status int, err error)
+	// Expired is called when an operation is given up unsent because it is
+	// past the resend window.
+	Expired func(op OperationInfo)
+}
+
+// OperationInfo names an operation in a hook.
+type OperationInfo struct {
+	Key, Name, Method, URL string
+	// State is the operation's state after the event.
+	State State
+	// Attempts counts the requests written under the key by this call.
+	Attempts int
+	// Resend reports that requests under the key may have been sent before
+	// this call: a re-drive, or Resume.
+	Resend bool
+}
+
+// AttemptInfo describes one attempt.
+type AttemptInfo struct {
+	OperationInfo
+	// Context is the request's context, for example to parent a span.
+	Context context.Context
+	// Attempt is the attempt's number within the call, from 1.
+	Attempt int
+	// Status is the response's status, or 0 when none came.
+	Status int
+	// Err is the error when no response came.
+	Err error
+	// Reason is how idem classified the outcome, for example "503",
+	// "connection failed", "409 in progress".
+	Reason string
+	// Latency is how long the attempt took until its response headers or
+	// its error.
+	Latency time.Duration
+}
+
+// RetryInfo describes a scheduled retry.
+type RetryInfo struct {
+	OperationInfo
+	// Context is the request's context.
+	Context context.Context
+	// Attempt is the number of the attempt that failed.
+	Attempt int
+	// Delay is how long idem waits before the next attempt.
+	Delay time.Duration
+	// Reason is why the attempt is retried.
+	Reason string
+	// Source is what set the delay: "backoff", "Retry-After" or
+	// "Retry-After-Ms".
+	Source string
+}
+
+type hooksContext struct{}
+
+// WithRequestHooks returns a context whose requests call h's hooks, besides
+// the Client's.
+func WithRequestHooks(ctx context.Context, h *Hooks) context.Context {
+	return context.WithValue(ctx, hooksContext{}, h)
+}
+
+// hookSet is the hooks of one call: the Client's and the context's.
+type hookSet [2]*Hooks
+
+func hooksFor(ctx context.Context, client *Hooks) hookSet {
+	h, _ := ctx.Value(hooksContext{}).(*Hooks)
+	return hookSet{client, h}
+}
+
+func info(op *Operation, state State, attempts int) OperationInfo {
+	return OperationInfo{Key: op.Key, Name: op.Name, Method: op.Method, URL: op.URL, State: state, Attempts: attempts}
+}
+
+// info returns the operation's OperationInfo in state.
+func (o *operation) info(state State) OperationInfo {
+	i := info(&o.rec, state, o.written)
+	i.Resend = o.resend
+	return i
+}
+
+func (hs hookSet) attemptDone(a AttemptInfo) {
+	for _, h := range hs {
+		if h != nil && h.AttemptDone != nil {
+			h.AttemptDone(a)
+		}
+	}
+}
+
+func (hs hookSet) retryScheduled(r RetryInfo) {
+	for _, h := range hs {
+		if h != nil && h.RetryScheduled != nil {
+			h.RetryScheduled(r)
+		}
+	}
+}
+
+func (hs hookSet) settled(op OperationInfo) {
+	for _, h := range hs {
+		if h != nil && h.Settled != nil {
+			h.Settled(op)
+		}
+	}
+}
+
+func (hs hookSet) inDoubt(op OperationInfo, err error) {
+	for _, h := range hs {
+		if h != nil && h.InDoubt != nil {
+			h.InDoubt(op, err)
+		}
+	}
+}
+
+func (hs hookSet) resumed(op OperationInfo, status int, err error) {
+	for _, h := range hs {
+		if h != nil && h.Resumed != nil {
+			h.Resumed(op, status, err)
+		}
+	}
+}
+
+func (hs hookSet) expired(op OperationInfo) {
+	for _, h := range hs {
+		if h != nil && h.Expired != nil {
+			h.Expired(op)
+		}
+	}
+}
+
+// any reports whether a hook is set at all, so callers can skip building
+// event values.
+func (hs hookSet) any() bool { return hs[0] != nil || hs[1] != nil }

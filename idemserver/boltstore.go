@@ -1,0 +1,525 @@
+package idemserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idemgo/idem/internal/groupcommit"
+)
+
+// BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
+// means the default.
+type BoltOptions struct {
+	// LockTimeout bounds how long OpenBoltStore waits for another process
+	// or handle to release the file before it returns an error matching
+	// ErrStoreLocked. Zero means 2 seconds.
+	LockTimeout time.Duration
+	// MaxGroup caps how many changes one commit (one fsync) carries. Zero
+	// means 1024.
+	MaxGroup int
+}
+
+// BoltStore is a Store in a bbolt file of its own, for a single process
+// (bbolt locks the file): keys survive a crash or restart of the process
+// but are not shared with other replicas.
+//
+// Begin, Renew, Complete and Release return once their change is
+// committed with fsync; changes made by concurrent requests share one
+// commit (group commit), so throughput grows with concurrency. Begin
+// answers a key that is in flight or done from a read-only transaction,
+// without a commit. A commit that fails returns an error matching
+// ErrStoreWrite and changes nothing. A damaged file gives errors matching
+// ErrStoreCorrupt, never a panic.
+type BoltStore struct {
+	db     *bolt.DB
+	w      *groupcommit.Writer[*bolt.Tx]
+	file   *os.File    // bbolt's file handle, to release a broken store
+	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
+	closed atomic.Bool
+}
+
+var _ Store = (*BoltStore)(nil)
+
+var (
+	bucketMeta    = []byte("meta")
+	bucketKeys    = []byte("keys")   // id -> record
+	bucketExpiry  = []byte("expiry") // expires (8 bytes, big endian) + id -> nil
+	metaFormatKey = []byte("format")
+	metaFormat    = []byte("idemserver-bolt-1")
+)
+
+const recordVersion = 1
+
+// OpenBoltStore opens the store in the file at path, creating it (mode
+// 0600) if it does not exist. It returns an error matching ErrStoreLocked
+// when another process or handle holds the file, ErrStoreCorrupt when the
+// file is damaged or not a store of this package (the journal of an idem
+// Client is not one), and ErrStoreWrite when it cannot be written.
+func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
+	var opt BoltOptions
+	if o != nil {
+		opt = *o
+	}
+	if opt.LockTimeout <= 0 {
+		opt.LockTimeout = 2 * time.Second
+	}
+	s := &BoltStore{}
+	if err := s.open(path, opt.LockTimeout); err != nil {
+		return nil, fmt.Errorf("idemserver: open store %s: %w", path, err)
+	}
+	if err := s.guarded(s.init); err != nil {
+		_ = s.release()
+		return nil, fmt.Errorf("idemserver: open store %s: %w", path, err)
+	}
+	s.w = groupcommit.New(s.update, groupcommit.Options{MaxGroup: opt.MaxGroup})
+	return s, nil
+}
+
+// open opens the bbolt file and maps its errors to the package's
+// sentinels. A damaged file can make bbolt panic or fault on its memory
+// map; both become ErrStoreCorrupt.
+func (s *BoltStore) open(path string, timeout time.Duration) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if s.file != nil {
+				_ = s.file.Close()
+			}
+			err = fmt.Errorf("%w: %v", ErrStoreCorrupt, p)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:      timeout,
+		FreelistType: bolt.FreelistMapType,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			s.file = f
+			return f, err
+		},
+	})
+	if err != nil {
+		return mapOpenError(err)
+	}
+	s.db = db
+	return nil
+}
+
+func mapOpenError(err error) error {
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return fmt.Errorf("%w: %w", ErrStoreLocked, err)
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS), errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %w", ErrStoreWrite, err)
+	}
+	// bbolt reports most damage (a file shorter than its pages, a bad
+	// checksum, a foreign file) with errors of its own or plain ones.
+	return fmt.Errorf("%w: %w", ErrStoreCorrupt, err)
+}
+
+// init checks the format marker and creates the buckets of a new store.
+func (s *BoltStore) init() error {
+	fi, err := s.file.Stat()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStoreCorrupt, err)
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if fi.Size() < tx.Size() {
+			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrStoreCorrupt, fi.Size(), tx.Size())
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			if f := m.Get(metaFormatKey); !bytes.Equal(f, metaFormat) {
+				return fmt.Errorf("%w: store format %q, want %q", ErrStoreCorrupt, f, metaFormat)
+			}
+		} else {
+			if c := tx.Cursor(); func() bool { k, _ := c.First(); return k != nil }() {
+				return fmt.Errorf("%w: not an idemserver store (no format marker)", ErrStoreCorrupt)
+			}
+			m, err := tx.CreateBucket(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if err := m.Put(metaFormatKey, metaFormat); err != nil {
+				return err
+			}
+		}
+		for _, name := range [][]byte{bucketKeys, bucketExpiry} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return fmt.Errorf("%w: bucket %s: %w", ErrStoreCorrupt, name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrStoreCorrupt) {
+		return fmt.Errorf("%w: %w", ErrStoreWrite, err)
+	}
+	return err
+}
+
+// guarded runs f with a fault or panic inside bbolt (a damaged page)
+// turned into ErrStoreCorrupt; after one, the store refuses all access.
+func (s *BoltStore) guarded(f func() error) (err error) {
+	if s.broken.Load() {
+		return fmt.Errorf("%w: an earlier access failed", ErrStoreCorrupt)
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			s.broken.Store(true)
+			err = fmt.Errorf("%w: %v", ErrStoreCorrupt, p)
+		}
+	}()
+	return f()
+}
+
+// update is the group-commit writer's transaction.
+func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
+	return s.guarded(func() error { return s.db.Update(fn) })
+}
+
+// write runs fn in the next group commit and waits until it is durable.
+func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	err := s.w.Do(ctx, fn)
+	switch {
+	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, ErrStoreCorrupt):
+		return err
+	case errors.Is(err, groupcommit.ErrClosed):
+		return ErrClosed
+	case ctx.Err() != nil && errors.Is(err, context.Cause(ctx)):
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStoreWrite, err)
+}
+
+// read runs fn in a read-only transaction.
+func (s *BoltStore) read(fn func(*bolt.Tx) error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.guarded(func() error { return s.db.View(fn) })
+}
+
+// Begin implements Store.
+func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
+	var c Claim
+	err := s.read(func(tx *bolt.Tx) error {
+		var err error
+		c, err = answer(tx, b)
+		return err
+	})
+	if err != nil || c.State != 0 {
+		return c, err
+	}
+	tok := uuid.NewString()
+	err = s.write(ctx, func(tx *bolt.Tx) error {
+		var err error
+		if c, err = answer(tx, b); err != nil || c.State != 0 {
+			return err
+		}
+		if err := drop(tx, b.ID); err != nil {
+			return err
+		}
+		c = Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}
+		return put(tx, b.ID, &record{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil})
+	})
+	if err != nil {
+		return Claim{}, err
+	}
+	return c, nil
+}
+
+// answer returns the claim for a live record of b.ID, or a zero Claim if
+// there is none.
+func answer(tx *bolt.Tx, b Begin) (Claim, error) {
+	r, err := get(tx, b.ID)
+	if err != nil || r == nil || !r.expires.After(b.Now) {
+		return Claim{}, err
+	}
+	switch {
+	case r.fingerprint != b.Fingerprint:
+		return Claim{State: StateMismatch}, nil
+	case r.resp == nil:
+		return Claim{State: StateInFlight, LeaseUntil: r.expires}, nil
+	}
+	return Claim{State: StateDone, Response: r.resp}, nil
+}
+
+// change runs fn on the in-flight record id held under token and writes
+// it back; with fn nil the record is deleted.
+func (s *BoltStore) change(ctx context.Context, id, token string, fn func(*record)) error {
+	return s.write(ctx, func(tx *bolt.Tx) error {
+		r, err := get(tx, id)
+		if err != nil {
+			return err
+		}
+		if r == nil || r.resp != nil || r.token != token {
+			return fmt.Errorf("key %s: %w", id, ErrLockLost)
+		}
+		if err := drop(tx, id); err != nil {
+			return err
+		}
+		if fn == nil {
+			return nil
+		}
+		fn(r)
+		return put(tx, id, r)
+	})
+}
+
+// Renew implements Store.
+func (s *BoltStore) Renew(ctx context.Context, id, token string, until time.Time) error {
+	return s.change(ctx, id, token, func(r *record) { r.expires = until })
+}
+
+// Complete implements Store.
+func (s *BoltStore) Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error {
+	return s.change(ctx, id, token, func(r *record) { r.resp, r.token, r.expires = resp, "", until })
+}
+
+// Release implements Store.
+func (s *BoltStore) Release(ctx context.Context, id, token string) error {
+	return s.change(ctx, id, token, nil)
+}
+
+// sweepChunk bounds the records one sweep transaction deletes.
+const sweepChunk = 1000
+
+// Sweep implements Store. It deletes in transactions of at most a
+// thousand records, so that requests are not held up behind one large
+// commit.
+func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	for {
+		n := 0
+		err := s.write(ctx, func(tx *bolt.Tx) error {
+			n = 0
+			var ids [][]byte
+			c := tx.Bucket(bucketExpiry).Cursor()
+			for k, _ := c.First(); k != nil && n < sweepChunk; k, _ = c.Next() {
+				if len(k) < 8 || int64(binary.BigEndian.Uint64(k)) > now.UnixNano() {
+					break
+				}
+				ids = append(ids, append([]byte(nil), k[8:]...))
+				n++
+			}
+			for _, id := range ids {
+				if err := drop(tx, string(id)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < sweepChunk {
+			return total, nil
+		}
+	}
+}
+
+// Close implements Store: it waits for the changes in flight, then closes
+// the file.
+func (s *BoltStore) Close() error {
+	if s.closed.Swap(true) {
+		return ErrClosed
+	}
+	_ = s.w.Close()
+	return s.release()
+}
+
+// release closes the bbolt file. After bbolt panicked its locks may be
+// held, so DB.Close would block forever: then only the file is closed,
+// which releases the lock on it.
+func (s *BoltStore) release() error {
+	if s.broken.Load() {
+		return s.file.Close()
+	}
+	return s.db.Close()
+}
+
+// record is a stored key: in flight while resp is nil.
+type record struct {
+	fingerprint string
+	token       string
+	expires     time.Time
+	resp        *Response
+}
+
+func expiryKey(t time.Time, id string) []byte {
+	k := make([]byte, 8, 8+len(id))
+	binary.BigEndian.PutUint64(k, uint64(max(t.UnixNano(), 0)))
+	return append(k, id...)
+}
+
+func get(tx *bolt.Tx, id string) (*record, error) {
+	v := tx.Bucket(bucketKeys).Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	r, err := decode(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: record %s: %w", ErrStoreCorrupt, id, err)
+	}
+	return r, nil
+}
+
+func put(tx *bolt.Tx, id string, r *record) error {
+	if err := tx.Bucket(bucketKeys).Put([]byte(id), encode(r)); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketExpiry).Put(expiryKey(r.expires, id), nil)
+}
+
+// drop deletes the record id and its expiry entry, if there is one.
+func drop(tx *bolt.Tx, id string) error {
+	r, err := get(tx, id)
+	if err != nil || r == nil {
+		return err
+	}
+	if err := tx.Bucket(bucketExpiry).Delete(expiryKey(r.expires, id)); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketKeys).Delete([]byte(id))
+}
+
+// encode writes a record: version, expires (unix ns), fingerprint, token,
+// then for a done record the status, the header lines and the body; every
+// string is length-prefixed with a uvarint.
+func encode(r *record) []byte {
+	n := 32 + len(r.fingerprint) + len(r.token)
+	if r.resp != nil {
+		n += len(r.resp.Body)
+		for k, vs := range r.resp.Header {
+			for _, v := range vs {
+				n += 4 + len(k) + len(v)
+			}
+		}
+	}
+	b := make([]byte, 0, n)
+	b = append(b, recordVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(r.expires.UnixNano()))
+	b = appendString(b, r.fingerprint)
+	b = appendString(b, r.token)
+	if r.resp == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = binary.AppendUvarint(b, uint64(r.resp.Status))
+	lines := 0
+	for _, vs := range r.resp.Header {
+		lines += len(vs)
+	}
+	b = binary.AppendUvarint(b, uint64(lines))
+	for k, vs := range r.resp.Header {
+		for _, v := range vs {
+			b = appendString(b, k)
+			b = appendString(b, v)
+		}
+	}
+	return appendString(b, string(r.resp.Body))
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+var errShort = errors.New("record truncated")
+
+// decoder reads an encoded record; the first error sticks.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errShort
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = errShort
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || len(d.b) == 0 {
+		d.err = errShort
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+// decode reads a record; the strings and body it returns are copies, as
+// bbolt's memory is valid only inside the transaction.
+func decode(v []byte) (*record, error) {
+	if len(v) < 9 {
+		return nil, errShort
+	}
+	if v[0] != recordVersion {
+		return nil, fmt.Errorf("unknown record version %d", v[0])
+	}
+	d := &decoder{b: v[9:]}
+	r := &record{expires: time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))}
+	r.fingerprint = string(d.bytes())
+	r.token = string(d.bytes())
+	if d.byte() == 1 {
+		resp := &Response{Status: int(d.uvarint()), Header: http.Header{}}
+		lines := d.uvarint()
+		for i := uint64(0); i < lines && d.err == nil; i++ {
+			k := string(d.bytes())
+			resp.Header[k] = append(resp.Header[k], string(d.bytes()))
+		}
+		resp.Body = append([]byte{}, d.bytes()...)
+		r.resp = resp
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = errors.New("trailing bytes")
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return r, nil
+}

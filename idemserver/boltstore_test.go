@@ -1,0 +1,111 @@
+package idemserver_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/idemserver/storetest"
+)
+
+func openBolt(t *testing.T) idemserver.Store {
+	t.Helper()
+	s, err := idemserver.OpenBoltStore(filepath.Join(t.TempDir(), "keys.db"), nil)
+	require.NoError(t, err)
+	return s
+}
+
+func TestBoltStore(t *testing.T) {
+	storetest.Run(t, openBolt)
+}
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestBoltStoreSurvivesReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	ctx := context.Background()
+	s, err := idemserver.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	require.NoError(t, err)
+	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte("ok")}
+	require.NoError(t, s.Complete(ctx, "done", c.Token, resp, t0.Add(time.Hour)))
+	_, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "store file mode")
+
+	s, err = idemserver.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	c, err = s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0.Add(2 * time.Minute), LeaseUntil: t0.Add(3 * time.Minute)})
+	require.NoError(t, err)
+	require.Equal(t, idemserver.StateDone, c.State)
+	assert.Equal(t, resp, c.Response)
+	c, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0.Add(time.Second), LeaseUntil: t0.Add(time.Minute)})
+	require.NoError(t, err)
+	assert.Equal(t, idemserver.StateInFlight, c.State)
+}
+
+func TestOpenBoltStoreErrors(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.db")
+	require.NoError(t, os.WriteFile(garbage, make([]byte, 64<<10), 0o600))
+	random := filepath.Join(dir, "random.db")
+	b := make([]byte, 32<<10)
+	for i := range b {
+		b[i] = byte(i*7 + i/13)
+	}
+	require.NoError(t, os.WriteFile(random, b, 0o600))
+
+	// A journal of the idem client is a bbolt file, but not a store.
+	journal := filepath.Join(dir, "journal.db")
+	c, err := idem.Open(journal)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+
+	// A store cut short after its first pages.
+	truncated := filepath.Join(dir, "truncated.db")
+	s, err := idemserver.OpenBoltStore(truncated, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, os.Truncate(truncated, 4096*2))
+
+	locked := filepath.Join(dir, "locked.db")
+	holder, err := idemserver.OpenBoltStore(locked, nil)
+	require.NoError(t, err)
+	defer holder.Close()
+
+	tests := []struct {
+		name string
+		path string
+		want error
+	}{
+		{"zeros", garbage, idemserver.ErrStoreCorrupt},
+		{"random bytes", random, idemserver.ErrStoreCorrupt},
+		{"idem client journal", journal, idemserver.ErrStoreCorrupt},
+		{"truncated", truncated, idemserver.ErrStoreCorrupt},
+		{"locked by another handle", locked, idemserver.ErrStoreLocked},
+		{"missing directory", filepath.Join(dir, "no", "such", "dir", "keys.db"), idemserver.ErrStoreWrite},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := idemserver.OpenBoltStore(tt.path, &idemserver.BoltOptions{LockTimeout: 50 * time.Millisecond})
+			if err == nil {
+				s.Close()
+			}
+			require.ErrorIs(t, err, tt.want)
+			assert.Contains(t, err.Error(), tt.path)
+		})
+	}
+}

@@ -1,0 +1,77 @@
+package idemserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/google/uuid"
+
+	"github.com/idemgo/idem"
+)
+
+// keyContext is the context key of the keyInfo of the request being served.
+type keyContext struct{}
+
+// keyInfo is what the middleware puts in a handler's context.
+type keyInfo struct {
+	id  string // scoped store id: principal, method, path and key
+	key string // the key as the client sent it
+}
+
+// stepNamespace is the UUID namespace of derived keys.
+var stepNamespace = uuid.MustParse("5f1d2c8e-8c7a-4e7b-9a51-2f3c6d0e4b19")
+
+// RequestKey returns the idempotency key (or webhook event id) of the
+// request a handler serves, as the client sent it, and whether there is
+// one.
+func RequestKey(ctx context.Context) (string, bool) {
+	ki, ok := ctx.Value(keyContext{}).(keyInfo)
+	return ki.key, ok
+}
+
+// StepKey returns the key derived for the step name of the request a
+// handler serves, and whether the context holds such a request. The key
+// is a UUID (version 5, SHA-1) of the request's scope (principal, method,
+// path), its key and the step name: the same on every replica and on
+// every retry of the request, and different for every other principal,
+// route, key or step.
+func StepKey(ctx context.Context, step string) (string, bool) {
+	ki, ok := ctx.Value(keyContext{}).(keyInfo)
+	if !ok {
+		return "", false
+	}
+	return uuid.NewSHA1(stepNamespace, []byte(ki.id+"\x00"+step)).String(), true
+}
+
+// Step returns a context whose outbound requests through an idem client
+// carry the key StepKey derives for step, so that a client's retry of the
+// request re-drives the very same downstream keys and a provider replays
+// instead of charging twice. Give each outbound call of a handler its own
+// step name ("charge", "email"). Without a key in ctx (a request that
+// passed an Optional route without one), Step returns ctx unchanged and
+// idem gives the call a key of its own.
+func Step(ctx context.Context, step string) context.Context {
+	k, ok := StepKey(ctx, step)
+	if !ok {
+		return ctx
+	}
+	return idem.WithKey(ctx, k)
+}
+
+// JSONEventID returns an EventID that reads the string member field of the
+// JSON object in the body, such as Stripe's event "id".
+func JSONEventID(field string) EventID {
+	return func(_ *http.Request, body []byte) (string, error) {
+		var doc map[string]json.RawMessage
+		if err := json.Unmarshal(body, &doc); err != nil {
+			return "", fmt.Errorf("idemserver: webhook body: %w", err)
+		}
+		var id string
+		if err := json.Unmarshal(doc[field], &id); err != nil {
+			return "", fmt.Errorf("idemserver: webhook event id %q: %w", field, err)
+		}
+		return id, nil
+	}
+}

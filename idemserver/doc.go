@@ -1,0 +1,28 @@
+// Package idemserver is the server side of idem: net/http middleware that
+// makes handlers idempotent by key, following
+// draft-ietf-httpapi-idempotency-key-header, and deduplicates inbound
+// webhooks by event id.
+//
+//	store, err := idemserver.OpenBoltStore("/var/lib/bff/keys.db", nil)
+//	...
+//	mw := idemserver.New(store, idemserver.WithPrincipal(apiKeyID))
+//	mux.Handle("POST /v1/orders", mw.Required(orders))
+//	mux.Handle("POST /hooks/psp", mw.Webhook(pspEvents, nil))
+//
+// A request's key is scoped by the principal the application names, the
+// method and the path. The first request with a key runs the handler under
+// a lease on the key; a concurrent one gets 409 with Retry-After; a later
+// one gets the stored response with "Idempotent-Replayed: true"; one with
+// another payload gets 422. 5xx answers and panics are not stored, so the
+// client may retry. See Middleware for the whole contract.
+//
+// Inside a handler, Step derives the keys of outbound calls made through
+// an idem client from the request's key, so the client's retry re-drives
+// the very same downstream operations:
+//
+//	resp, err := psp.Do(req.WithContext(idemserver.Step(r.Context(), "charge")))
+//
+// Stores implement Store; MemoryStore and BoltStore come with the package,
+// and the storetest package holds the conformance suite every Store must
+// pass.
+package idemserver

@@ -1,0 +1,22 @@
+package idemserver_test
+
+import (
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemgo/idem/internal/crashtest"
+)
+
+// TestMain runs a crash-test child's mode when this binary was started as
+// one, and otherwise runs the tests and fails if any goroutine outlives them.
+func TestMain(m *testing.M) {
+	if child, ok := crashChildren[crashtest.Mode()]; ok {
+		os.Exit(child())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// crashChildren are the child modes; TestMain runs them instead of tests.
+var crashChildren = map[string]func() int{}

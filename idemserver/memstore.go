@@ -1,0 +1,138 @@
+package idemserver
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// MemoryStore is a Store that keeps its records in memory: they do not
+// survive the process and are not shared with other replicas. It suits
+// tests and single-process services that accept losing their keys on a
+// restart. Its zero value is not usable; call NewMemoryStore.
+type MemoryStore struct {
+	mu      sync.Mutex
+	records map[string]*memRecord
+	closed  bool
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+type memRecord struct {
+	fingerprint string
+	token       string // empty once done
+	expires     time.Time
+	resp        *Response
+}
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{records: make(map[string]*memRecord)}
+}
+
+// Begin implements Store.
+func (s *MemoryStore) Begin(ctx context.Context, b Begin) (Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Claim{}, ErrClosed
+	}
+	if r := s.records[b.ID]; r != nil && r.expires.After(b.Now) {
+		switch {
+		case r.fingerprint != b.Fingerprint:
+			return Claim{State: StateMismatch}, nil
+		case r.resp == nil:
+			return Claim{State: StateInFlight, LeaseUntil: r.expires}, nil
+		default:
+			return Claim{State: StateDone, Response: cloneResponse(r.resp)}, nil
+		}
+	}
+	tok := uuid.NewString()
+	s.records[b.ID] = &memRecord{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
+	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
+}
+
+// held returns the in-flight record id held under token; s.mu must be held.
+func (s *MemoryStore) held(id, token string) (*memRecord, error) {
+	if s.closed {
+		return nil, ErrClosed
+	}
+	r := s.records[id]
+	if r == nil || r.resp != nil || r.token != token {
+		return nil, fmt.Errorf("key %s: %w", id, ErrLockLost)
+	}
+	return r, nil
+}
+
+// Renew implements Store.
+func (s *MemoryStore) Renew(ctx context.Context, id, token string, until time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.held(id, token)
+	if err != nil {
+		return err
+	}
+	r.expires = until
+	return nil
+}
+
+// Complete implements Store.
+func (s *MemoryStore) Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.held(id, token)
+	if err != nil {
+		return err
+	}
+	r.resp, r.token, r.expires = cloneResponse(resp), "", until
+	return nil
+}
+
+// Release implements Store.
+func (s *MemoryStore) Release(ctx context.Context, id, token string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.held(id, token); err != nil {
+		return err
+	}
+	delete(s.records, id)
+	return nil
+}
+
+// Sweep implements Store.
+func (s *MemoryStore) Sweep(ctx context.Context, now time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, ErrClosed
+	}
+	n := 0
+	for id, r := range s.records {
+		if !r.expires.After(now) {
+			delete(s.records, id)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Close implements Store. It drops every record.
+func (s *MemoryStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.closed, s.records = true, nil
+	return nil
+}
+
+func cloneResponse(r *Response) *Response {
+	if r == nil {
+		return nil
+	}
+	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: append([]byte(nil), r.Body...)}
+}

@@ -1,0 +1,58 @@
+package idemserver
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Problem types (RFC 9457 "type" members) of the middleware's own answers.
+const (
+	// ProblemMissingKey is the type of the 400 answer to a request without
+	// a key on a route that requires one, or a webhook without an event id.
+	ProblemMissingKey = "https://github.com/idemgo/idem/idemserver#missing-key"
+	// ProblemInvalidKey is the type of the 400 answer to a malformed key
+	// (see ParseKey) or to a request with more than one key header.
+	ProblemInvalidKey = "https://github.com/idemgo/idem/idemserver#invalid-key"
+	// ProblemInProgress is the type of the 409 answer while an earlier
+	// request with the same key is being handled; retry after Retry-After.
+	ProblemInProgress = "https://github.com/idemgo/idem/idemserver#in-progress"
+	// ProblemKeyMismatch is the type of the 422 answer to a key reused with
+	// another payload.
+	ProblemKeyMismatch = "https://github.com/idemgo/idem/idemserver#key-mismatch"
+	// ProblemBodyTooLarge is the type of the 413 answer to a request body
+	// over the limit (see WithMaxBodyBytes).
+	ProblemBodyTooLarge = "https://github.com/idemgo/idem/idemserver#body-too-large"
+	// ProblemUnauthorized is the type of the 401 answer when the principal
+	// function returns an error.
+	ProblemUnauthorized = "https://github.com/idemgo/idem/idemserver#unauthorized"
+	// ProblemUnavailable is the type of the 503 answer when the store
+	// cannot be read or written; the handler did not run.
+	ProblemUnavailable = "https://github.com/idemgo/idem/idemserver#store-unavailable"
+	// ProblemBadRequest is the type of the 400 answer when the request
+	// body cannot be read.
+	ProblemBadRequest = "https://github.com/idemgo/idem/idemserver#bad-request"
+)
+
+// problemDoc is an RFC 9457 problem details document.
+type problemDoc struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// writeProblem answers with an application/problem+json document; a
+// positive retryAfter sets Retry-After in whole seconds, rounded up.
+func writeProblem(w http.ResponseWriter, status int, typ, title, detail string, retryAfter time.Duration) {
+	body, _ := json.Marshal(problemDoc{Type: typ, Title: title, Status: status, Detail: detail})
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((retryAfter+time.Second-1)/time.Second), 10))
+	}
+	w.WriteHeader(status)
+	w.Write(body)
+}

@@ -1,0 +1,545 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// journal is what an operation needs of its surroundings: the store, this
+// process's name and lease, the in-flight registry and the index of recent
+// calls a resend may belong to. Transport and Resume share one.
+type journal struct {
+	store        KeyStore
+	owner        string
+	lease        time.Duration
+	resendWindow time.Duration
+	matchWindow  time.Duration
+	retention    time.Duration
+	log          *slog.Logger
+
+	flight inflight
+	recent recentCalls
+	calls  calls
+
+	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)
+	sweeps    sync.WaitGroup // sweeps running, for Close
+	// anchor is when the journal last changed before this Client opened
+	// it, if the store says, and opened is when that was read (with its
+	// monotonic reading).
+	anchor, opened time.Time
+
+	renewMu                  sync.Mutex
+	renewT                   *time.Timer
+	renewArmed, renewStopped bool
+}
+
+// lastChanger is implemented by stores that know when they last changed.
+type lastChanger interface {
+	LastChange(ctx context.Context) (time.Time, error)
+}
+
+// anchorClock reads the store's last change, which bounds how far the
+// sweeps of this Client trust the wall clock.
+func (j *journal) anchorClock() {
+	j.opened = time.Now()
+	if lc, ok := j.store.(lastChanger); ok {
+		if t, err := lc.LastChange(context.Background()); err == nil {
+			j.anchor = t
+		}
+	}
+}
+
+// sweepCutoff returns the time before which finished records may be swept.
+// It trusts the wall clock only as far as the journal's last change before
+// this Client opened it plus the time this process has measured since on
+// its monotonic clock: a clock set days ahead must not sweep away the
+// records, and with them the name → key mappings, that a server still
+// honours.
+func (j *journal) sweepCutoff(now time.Time) time.Time {
+	if !j.anchor.IsZero() {
+		if trusted := j.anchor.Add(time.Since(j.opened)); trusted.Before(now) {
+			now = trusted
+		}
+	}
+	return now.Add(-j.retention)
+}
+
+// sweepEvery is how often finished records past retention are swept, so
+// that a journal does not grow without bound in a process that never
+// restarts.
+const sweepEvery = time.Hour
+
+// maybeSweep starts a sweep in the background if none ran in the last
+// sweepEvery. One settling call an hour pays for starting a goroutine;
+// none waits for the sweep.
+func (j *journal) maybeSweep() {
+	last := j.lastSweep.Load()
+	now := time.Now()
+	if last != 0 && now.Sub(time.Unix(0, last)) < sweepEvery || !j.lastSweep.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	j.sweeps.Add(1)
+	go func() {
+		defer j.sweeps.Done()
+		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(now))
+		switch {
+		case errors.Is(err, ErrClosed):
+		case err != nil:
+			j.log.Warn("idem: sweeping finished operations", "err", err)
+		default:
+			j.log.Debug("idem: swept finished operations", "count", n)
+		}
+	}()
+}
+
+// lease returns a lease for this process that starts now.
+func (j *journal) newLease(now time.Time) Lease {
+	return Lease{Owner: j.owner, At: now, Until: now.Add(j.lease)}
+}
+
+// clockSkew is how far in the future a record's creation time may lie
+// before idem takes it for a sign that the clock moved.
+const clockSkew = time.Minute
+
+// errFutureRecord says why a record dated in the future is not sent.
+var errFutureRecord = errors.New("idem: record is dated in the future; the clock moved, so its age is unknown")
+
+// tooOld returns why rec may not be sent again at now, or nil: it is older
+// than the resend window, or dated in the future, which means the clock
+// moved and its real age is unknown.
+func (j *journal) tooOld(rec *Operation, now time.Time) error {
+	switch {
+	case rec.Created.After(now.Add(clockSkew)):
+		return errFutureRecord
+	case now.Sub(rec.Created) >= j.resendWindow:
+		return ErrExpired
+	}
+	return nil
+}
+
+// operation is one keyed operation's life in this process, from its
+// reservation (or its claim by Resume) to the moment it ends: settled,
+// when the caller received a response; left in doubt, when the caller got
+// only an error after a request may have gone out; or failed unsent.
+// RoundTrip and Resume both drive it; it calls only the journal below it.
+//
+// Its methods are safe on a nil *operation, which stands for a request
+// without a key: they then do nothing.
+type operation struct {
+	j   *journal
+	rec Operation // the journaled record; Header and Body are the request
+	// resend is true when the record existed before this call: an earlier
+	// request under its key may have been performed.
+	resend bool
+	// prior is the record's state and status before this call reopened it.
+	prior      State
+	priorCode  int
+	ids        flights
+	live       bool
+	wrote      atomic.Int32 // requests written, counted by httptrace
+	written    int          // requests written by this call
+	unrecorded int          // of those, not yet recorded with Attempt
+	mayHave    bool         // a request of this call may have reached the server
+	status     int          // status of the last response, or 0
+	once       sync.Once
+	settledAs  State // the state settle recorded, or 0
+	hooks      hookSet
+	match      [32]byte              // its key in recentCalls; zero: none
+	trace      httptrace.ClientTrace // counts the requests written
+	answer     answerBody            // the body handed to the caller
+}
+
+// begin reserves op in the journal, or takes over the record that has its
+// key or name, and marks it in flight in this process. A call of the same
+// key or name in flight here, or under another process's live lease, is
+// waited for until ctx ends. matched says that op.Key was taken from a
+// recent call with the same payload (see recentCalls).
+func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*operation, error) {
+	poll := 10 * time.Millisecond
+	for {
+		ids := flightIDs(op.Key, op.Name)
+		if wait, key := j.flight.acquire(&ids); wait != nil {
+			if err := waitFor(ctx, wait, 0); err != nil {
+				return nil, &Error{Key: key, Name: op.Name, Cause: ErrInProgress, Err: err}
+			}
+			continue
+		}
+		o, wait, err := j.reserve(ctx, &op, &ids, matched)
+		if err == nil {
+			return o, nil
+		}
+		j.flight.release(ids)
+		var ie *Error
+		switch {
+		case wait != nil: // the name's key is busy here; err says which
+			if werr := waitFor(ctx, wait, 0); werr != nil {
+				errors.As(err, &ie)
+				ie.Err = werr
+				return nil, ie
+			}
+		case errors.Is(err, errMatchSettled):
+			key, kerr := newKey()
+			if kerr != nil {
+				return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: kerr}
+			}
+			op.Key, matched = key, false
+		case errors.Is(err, ErrInProgress) && errors.As(err, &ie): // leased elsewhere
+			if werr := waitFor(ctx, nil, poll); werr != nil {
+				ie.Err = werr
+				return nil, ie
+			}
+			poll = min(2*poll, time.Second)
+		default:
+			return nil, err
+		}
+	}
+}
+
+// errMatchSettled says that the record a recent call's key points to has a
+// definite answer by now, so the call is a new operation.
+var errMatchSettled = errors.New("idem: the matched operation has a definite answer")
+
+// reserve is one try of begin, with ids held. If the name's key is in
+// flight here it returns the channel to wait on, with an *Error for the
+// case that the wait ends first.
+func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
+	rec, created, err := j.store.Reserve(ctx, *op)
+	if err != nil {
+		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
+	}
+	if created {
+		j.flight.setKey(ids, rec.Key)
+		j.armRenewal()
+		return &operation{j: j, rec: rec, ids: *ids, live: true}, nil, nil
+	}
+	if rec.Key != op.Key { // the name already had a key
+		if wait := j.flight.rekey(ids, rec.Key); wait != nil {
+			return nil, wait, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
+		}
+	}
+	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
+		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
+	}
+	if matched && (rec.State == StateSucceeded || rec.State == StateExpired ||
+		rec.State == StateFailed && !transientStatus(rec.LastStatus)) {
+		return nil, nil, errMatchSettled
+	}
+	if rec.Fingerprint != op.Fingerprint {
+		return fail(ErrKeyReused, nil)
+	}
+	now := time.Now()
+	if why := j.tooOld(&rec, now); why != nil {
+		return fail(ErrExpired, why)
+	}
+	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
+	if errors.Is(err, ErrInProgress) {
+		return fail(ErrInProgress, nil)
+	}
+	if err != nil {
+		return fail(journalCause(err), err)
+	}
+	j.armRenewal()
+	o := &operation{j: j, rec: got, ids: *ids, live: true, resend: true, prior: rec.State, priorCode: rec.LastStatus}
+	o.rec.Header, o.rec.Body = op.Header, op.Body
+	return o, nil, nil
+}
+
+// claimed returns the operation for a record Resume claimed, or nil if it
+// is in flight in this process (its caller owns the outcome).
+func (j *journal) claimed(rec Operation) *operation {
+	ids := flightIDs(rec.Key, rec.Name)
+	if wait, _ := j.flight.acquire(&ids); wait != nil {
+		return nil
+	}
+	j.armRenewal()
+	return &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
+}
+
+// journalCause returns the sentinel a store error matches, for Error.Cause.
+func journalCause(err error) error {
+	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	return ErrJournalWrite
+}
+
+// armRenewal makes sure a renewal of the leases of the operations in
+// flight is due within a third of a lease. The timer runs only while
+// operations are in flight, so an idle Client has nothing running.
+func (j *journal) armRenewal() {
+	j.renewMu.Lock()
+	defer j.renewMu.Unlock()
+	if j.renewArmed || j.renewStopped {
+		return
+	}
+	j.renewArmed = true
+	if j.renewT == nil {
+		j.renewT = time.AfterFunc(j.lease/3, j.renewLeases)
+	} else {
+		j.renewT.Reset(j.lease / 3)
+	}
+}
+
+// renewLeases renews the leases of the operations that have been in flight
+// for a third of a lease or longer, and arms the next renewal while any is
+// in flight.
+func (j *journal) renewLeases() {
+	now := time.Now()
+	keys, busy := j.flight.runningSince(now.Add(-j.lease / 3))
+	for _, key := range keys {
+		err := j.store.Renew(context.Background(), key, j.newLease(now))
+		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
+			j.log.Warn("idem: renewing operation lease", "idem.key", key, "err", err)
+		}
+	}
+	j.renewMu.Lock()
+	j.renewArmed = false
+	j.renewMu.Unlock()
+	if busy {
+		j.armRenewal()
+	}
+}
+
+// stopRenewal stops renewing leases, for Close.
+func (j *journal) stopRenewal() {
+	j.renewMu.Lock()
+	defer j.renewMu.Unlock()
+	j.renewStopped = true
+	if j.renewT != nil {
+		j.renewT.Stop()
+	}
+}
+
+// key returns the operation's key, or "" for a request without one.
+func (o *operation) key() string {
+	if o == nil {
+		return ""
+	}
+	return o.rec.Key
+}
+
+// traced returns ctx with the operation's httptrace.ClientTrace, which
+// counts the requests written.
+func (o *operation) traced(ctx context.Context) context.Context {
+	o.trace.WroteHeaders = o.countWrite
+	return httptrace.WithClientTrace(ctx, &o.trace)
+}
+
+// name returns the operation's name, or "".
+func (o *operation) name() string {
+	if o == nil {
+		return ""
+	}
+	return o.rec.Name
+}
+
+// countWrite counts one request written.
+func (o *operation) countWrite() { o.wrote.Add(1) }
+
+// takeWrites returns how many requests the last attempt wrote, as
+// httptrace reported them.
+func (o *operation) takeWrites() int {
+	if o == nil {
+		return 0
+	}
+	return int(o.wrote.Swap(0))
+}
+
+// attempted counts n requests written by the last attempt; sent says
+// whether it may have reached the server.
+func (o *operation) attempted(n int, sent bool) {
+	if o == nil {
+		return
+	}
+	o.written += n
+	o.unrecorded += n
+	o.mayHave = o.mayHave || sent && n > 0
+}
+
+// recordAttempt records the attempts not yet recorded, with the last
+// outcome; the operation stays pending.
+func (o *operation) recordAttempt(status int, errText string) {
+	if o == nil {
+		return
+	}
+	o.status = status
+	if o.unrecorded == 0 {
+		return
+	}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
+	o.unrecorded = 0
+	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
+		o.j.log.Warn("idem: recording attempt", "idem.key", o.rec.Key, "err", err)
+	}
+}
+
+// end runs once when the operation ends, however it ends.
+func (o *operation) end(fn func()) {
+	o.once.Do(func() {
+		fn()
+		o.j.flight.release(o.ids)
+		if o.live {
+			o.j.calls.done()
+		}
+	})
+}
+
+// settle records that the caller received resp's answer: a success, or a
+// final failure (permanent, or transient with no attempts left).
+func (o *operation) settle(v verdict, status int) {
+	if o == nil {
+		return
+	}
+	o.end(func() {
+		state := StateFailed
+		if v == success {
+			state = StateSucceeded
+		}
+		o.settledAs = state
+		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
+		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
+		}
+		if v == transient {
+			o.j.recent.add(o.match, o.rec.Key)
+		} else {
+			o.j.recent.forget(o.match, o.rec.Key)
+		}
+		if o.hooks.any() {
+			o.hooks.settled(o.info(state))
+		}
+	})
+	o.j.maybeSweep()
+}
+
+// leaveInDoubt ends the operation without an answer for the caller after a
+// request may have reached the server: it stays pending for Resume or a
+// re-drive, and its lease is released so either may start at once. If the
+// operation had ended already it changes nothing and reports whether it
+// was settled.
+func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
+	if o == nil {
+		return false
+	}
+	o.end(func() {
+		text := ""
+		if cause != nil {
+			text = cause.Error()
+		}
+		o.recordAttempt(status, text)
+		now := time.Now()
+		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
+			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
+		}
+		o.j.recent.add(o.match, o.rec.Key)
+		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
+		if o.hooks.any() {
+			o.hooks.inDoubt(o.info(StatePending), cause)
+		}
+	})
+	return o.settledAs != 0
+}
+
+// stop ends a call that has no response for the caller and returns its
+// error. If a request under the key may have reached the server, now or
+// before, the operation is left in doubt; otherwise it ends as failed,
+// unsent (or, reopened for this call, goes back to how it was).
+func (o *operation) stop(cause, err error) error {
+	if o == nil {
+		switch {
+		case err == nil:
+			return cause
+		case cause == nil || errors.Is(err, cause):
+			return err
+		}
+		return fmt.Errorf("%w: %w", cause, err)
+	}
+	e := &Error{Key: o.rec.Key, Name: o.rec.Name, Attempts: o.written, LastStatus: o.status, Cause: cause, Err: err, State: StatePending}
+	why := cause
+	if err != nil {
+		why = err
+	}
+	if o.mayHave || o.resend && o.prior == StatePending {
+		o.leaveInDoubt(o.status, why)
+		return e
+	}
+	e.State = StateFailed
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error()}
+	if o.resend {
+		e.State = o.prior
+		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
+	}
+	o.end(func() {
+		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+			o.j.log.Error("idem: finishing unsent operation", "idem.key", o.rec.Key, "err", err)
+		}
+	})
+	return e
+}
+
+// deliver hands resp to the caller as the operation's answer. The
+// operation settles when the caller has read the body to its end or closed
+// it; a read error leaves it in doubt instead, since the caller never
+// learned the answer. A 401, 403 or 407 to a resend says nothing about the
+// earlier request and leaves the operation in doubt too.
+func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
+	if o == nil {
+		return resp
+	}
+	o.status = resp.StatusCode
+	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
+		resp.StatusCode == http.StatusProxyAuthRequired)
+	if resp.Body == nil || resp.Body == http.NoBody {
+		o.received(v, doubt)
+		return resp
+	}
+	o.answer = answerBody{rc: resp.Body, o: o, v: v, doubt: doubt}
+	resp.Body = &o.answer
+	return resp
+}
+
+// received ends the operation once its answer reached the caller.
+func (o *operation) received(v verdict, doubt bool) {
+	if doubt {
+		o.leaveInDoubt(o.status, fmt.Errorf("status %d to a resend", o.status))
+		return
+	}
+	o.settle(v, o.status)
+}
+
+// answerBody is the body of an operation's answer: reading it to the end,
+// or closing it, settles the operation; a read error leaves it in doubt.
+// It passes reads through as they come, so streams stay streams.
+type answerBody struct {
+	rc    io.ReadCloser
+	o     *operation
+	v     verdict
+	doubt bool
+}
+
+func (b *answerBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.o.received(b.v, b.doubt)
+	case err != nil:
+		b.o.leaveInDoubt(b.o.status, fmt.Errorf("reading the response body: %w", err))
+	}
+	return n, err
+}
+
+func (b *answerBody) Close() error {
+	err := b.rc.Close()
+	b.o.received(b.v, b.doubt)
+	return err
+}

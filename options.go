@@ -1,0 +1,303 @@
+package idem
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Option configures a Client. Options apply in order; each changes only
+// what it names, so they compose.
+type Option func(*config)
+
+// config is what Options set. newConfig fills in the defaults.
+type config struct {
+	logger        *slog.Logger
+	hooks         *Hooks
+	base          http.RoundTripper
+	policy        RetryPolicy
+	header        string
+	keyed         map[string]bool
+	secret        map[string]bool
+	secretQuery   map[string]bool
+	maxBody       int64
+	sendLarge     bool
+	resendWindow  time.Duration
+	matchWindow   time.Duration
+	retention     time.Duration
+	prepare       func(*http.Request) error
+	resumeWorkers int
+	resumeEvery   time.Duration
+	resumeFn      func(Operation, *http.Response, error)
+	budget        *retryBudget
+	owner         string
+	lease         time.Duration
+}
+
+// Defaults of the options.
+const (
+	// DefaultHeader is the request header that carries the key.
+	DefaultHeader = "Idempotency-Key"
+	// DefaultMaxBodySize is the largest request body that is journaled.
+	DefaultMaxBodySize = 1 << 20
+	// DefaultResendWindow is how long after its creation an operation may
+	// be sent again: below the 24 h that Stripe and Checkout.com keep keys.
+	DefaultResendWindow = 23 * time.Hour
+	// DefaultRetention is how long finished operations stay in the journal:
+	// long enough to refuse a reused key and to answer a re-drive for as
+	// long as the server may still honour the key (24 h at Stripe), with
+	// an hour to spare.
+	DefaultRetention = 25 * time.Hour
+	// DefaultLease is how long an operation stays claimed by the process
+	// sending it without a renewal. A live call renews it.
+	DefaultLease = 30 * time.Second
+	// DefaultResendMatchWindow is how long after a call ended without a
+	// definite answer a call with the same payload and no key of its own
+	// is taken for its resend and reuses its key.
+	DefaultResendMatchWindow = time.Minute
+)
+
+// defaultSecretQuery are the query parameters never journaled by default.
+var defaultSecretQuery = []string{"api_key", "apikey", "access_token", "token", "key", "secret", "client_secret", "password", "signature", "sig"}
+
+func newConfig(opts []Option) config {
+	c := config{
+		base:          http.DefaultTransport,
+		header:        DefaultHeader,
+		keyed:         map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		secret:        map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true},
+		secretQuery:   make(map[string]bool),
+		maxBody:       DefaultMaxBodySize,
+		resendWindow:  DefaultResendWindow,
+		matchWindow:   DefaultResendMatchWindow,
+		retention:     DefaultRetention,
+		resumeWorkers: 8,
+		lease:         DefaultLease,
+	}
+	for _, q := range defaultSecretQuery {
+		c.secretQuery[q] = true
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	if c.base == nil {
+		c.base = http.DefaultTransport
+	}
+	c.policy = c.policy.withDefaults()
+	if c.owner == "" {
+		host, _ := os.Hostname()
+		c.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
+	// A name or key must outlive the window in which it may be sent again.
+	c.retention = max(c.retention, c.resendWindow+time.Hour)
+	return c
+}
+
+// WithLogger sets the logger for what idem cannot return to a caller:
+// retries at Debug, operations left in doubt at Warn, journal failures at
+// Error. Nil, the default, is silent. idem never logs an error that it
+// also returns.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithHooks sets callbacks for every operation of the Client.
+func WithHooks(h *Hooks) Option { return func(c *config) { c.hooks = h } }
+
+// WithBaseTransport sets the RoundTripper that sends each attempt. The
+// default is http.DefaultTransport.
+func WithBaseTransport(rt http.RoundTripper) Option { return func(c *config) { c.base = rt } }
+
+// WithRetryPolicy sets the retry policy's non-zero fields; the others keep
+// what earlier options or the defaults gave them.
+func WithRetryPolicy(p RetryPolicy) Option {
+	return func(c *config) {
+		if p.MaxAttempts > 0 {
+			c.policy.MaxAttempts = p.MaxAttempts
+		}
+		if p.Initial > 0 {
+			c.policy.Initial = p.Initial
+		}
+		if p.Max > 0 {
+			c.policy.Max = p.Max
+		}
+		if p.MaxElapsed > 0 {
+			c.policy.MaxElapsed = p.MaxElapsed
+		}
+		if p.RetryAfterCap > 0 {
+			c.policy.RetryAfterCap = p.RetryAfterCap
+		}
+		if p.NoJitter {
+			c.policy.NoJitter = true
+		}
+	}
+}
+
+// WithMaxAttempts sets how many requests (not retries) an operation gets
+// per call, the first included. The default is 4.
+func WithMaxAttempts(n int) Option { return func(c *config) { c.policy.MaxAttempts = n } }
+
+// WithBackoff sets the first backoff bound and the cap on any bound. The
+// defaults are 100ms and 5s.
+func WithBackoff(initial, max time.Duration) Option {
+	return func(c *config) { c.policy.Initial, c.policy.Max = initial, max }
+}
+
+// WithHeader sets the name of the key header, for providers that use
+// another one (PayPal-Request-Id, Cko-Idempotency-Key, ...).
+func WithHeader(name string) Option {
+	return func(c *config) {
+		if name != "" {
+			c.header = http.CanonicalHeaderKey(name)
+		}
+	}
+}
+
+// WithKeyedMethods sets the methods whose requests get a key and are
+// journaled. The default is POST and PATCH.
+func WithKeyedMethods(methods ...string) Option {
+	return func(c *config) {
+		c.keyed = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			c.keyed[strings.ToUpper(m)] = true
+		}
+	}
+}
+
+// WithSecretHeaders adds headers that are never written to the journal,
+// besides Authorization, Cookie and Proxy-Authorization. Use
+// WithResumePrepare to add them back to resumed requests.
+func WithSecretHeaders(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			c.secret[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithSecretQueryParams adds URL query parameters that are never written
+// to the journal, besides api_key, apikey, access_token, token, key,
+// secret, client_secret, password, signature and sig. Use
+// WithResumePrepare to add them back to resumed requests.
+func WithSecretQueryParams(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			c.secretQuery[n] = true
+		}
+	}
+}
+
+// WithMaxBodySize sets the largest request body that is journaled. A keyed
+// request with a larger body fails with ErrBodyTooLarge before anything is
+// sent, unless WithUnjournaledLargeBodies is set. The default is 1 MiB.
+func WithMaxBodySize(n int64) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxBody = n
+		}
+	}
+}
+
+// WithUnjournaledLargeBodies lets a keyed request whose body exceeds the
+// body limit go out if its GetBody can produce the body again: its key,
+// name and fingerprint are journaled as for any request, so a name keeps
+// its key and a key never carries two payloads, but the body is not, so
+// Resume cannot send it again after a crash (it reports it instead). A
+// request without GetBody still fails with ErrBodyTooLarge.
+func WithUnjournaledLargeBodies() Option { return func(c *config) { c.sendLarge = true } }
+
+// WithResendWindow sets how long after its creation an operation may still
+// be sent again, by Resume or a re-drive. Keep it below the server's key
+// retention. The default is 23 hours.
+func WithResendWindow(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.resendWindow = d
+		}
+	}
+}
+
+// WithResendMatchWindow sets how long after a call ended without a
+// definite answer (in doubt, or with a 5xx or 429) a call with the same
+// payload and no key of its own reuses its key: the resend of an SDK's
+// retry loop, or of a user's second tap. Zero or less turns matching off.
+// The default is one minute.
+func WithResendMatchWindow(d time.Duration) Option {
+	return func(c *config) { c.matchWindow = d }
+}
+
+// WithRetention sets how long finished operations are kept in the journal
+// to refuse reused keys and map names to keys. It is never shorter than
+// the resend window plus an hour. The default is 25 hours.
+func WithRetention(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.retention = d
+		}
+	}
+}
+
+// WithOwner names this process in the journal's leases: a store shared by
+// several replicas uses it to tell whose operations are whose. The default
+// is the host name, the process id and a random suffix.
+func WithOwner(name string) Option { return func(c *config) { c.owner = name } }
+
+// WithLease sets how long an operation stays claimed by the process that
+// sends it: a live call renews its lease every half lease, and another
+// replica's Resume takes an operation only once its lease lapsed. The
+// default is 30 seconds.
+func WithLease(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.lease = d
+		}
+	}
+}
+
+// WithResumePrepare sets a hook that prepares each resumed request before
+// it is sent, typically to add the credentials that were not journaled.
+// Without it, an operation whose credentials were removed is not sent: it
+// stays pending and Resume reports ErrNoCredentials for it. If the hook
+// returns an error the operation stays pending and Resume reports the
+// error for it. Resume calls it from several goroutines at once.
+func WithResumePrepare(fn func(*http.Request) error) Option {
+	return func(c *config) { c.prepare = fn }
+}
+
+// WithResumeConcurrency sets how many operations Resume sends at once. The
+// default is 8.
+func WithResumeConcurrency(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.resumeWorkers = n
+		}
+	}
+}
+
+// WithBackgroundResume starts a goroutine that, every interval, resumes the
+// operations pending for at least that long and passes each outcome to fn
+// (nil: log it and close the body). Close stops it.
+func WithBackgroundResume(every time.Duration, fn func(op Operation, resp *http.Response, err error)) Option {
+	return func(c *config) { c.resumeEvery, c.resumeFn = every, fn }
+}
+
+// WithRetryBudget bounds retries per host: every request adds ratio tokens
+// to the host's bucket, up to burst, and every retry takes one; with no
+// token left the call stops retrying (ErrRetryBudget, or the last response
+// as it is). With ratio 0.2, retries add at most about 20% to the request
+// rate during an outage instead of multiplying it. The default is no budget.
+func WithRetryBudget(ratio float64, burst int) Option {
+	return func(c *config) {
+		if ratio > 0 && burst > 0 {
+			c.budget = newRetryBudget(ratio, burst)
+		}
+	}
+}

@@ -1,0 +1,20 @@
+package pgstore_test
+
+import (
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemgo/idem/internal/crashtest"
+)
+
+// TestMain runs a fleet replica when this binary was started as one (see
+// TestFleetChaos), and otherwise runs the tests and fails if any goroutine
+// outlives them.
+func TestMain(m *testing.M) {
+	if crashtest.Mode() == modeFleet {
+		os.Exit(fleetChild())
+	}
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,130 @@
+package pgstore
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// columns are an operation row's columns in the order scanRow reads them.
+var columns = []string{
+	"key", "name", "version", "method", "url", "host", "fingerprint", "state",
+	"attempts", "last_status", "last_error", "created", "updated", "owner",
+	"lease_until", "redacted", "unreplayable", "header", "body",
+}
+
+// queries holds the store's SQL with its schema's table name filled in.
+// Every statement is one round trip; those that change a row are one
+// implicit transaction, so one commit.
+type queries struct {
+	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
+}
+
+func newQueries(schema string) queries {
+	ops := pgx.Identifier{schema, "operations"}.Sanitize()
+	cols := strings.Join(columns, ", ")
+	prefixed := "o." + strings.Join(columns, ", o.")
+	// The created row comes back without its header and body (the caller
+	// has them), so a large body is not sent back over the wire.
+	var returned []string
+	for _, c := range columns {
+		switch c {
+		case "header", "body":
+			returned = append(returned, "NULL::bytea")
+		default:
+			returned = append(returned, c)
+		}
+	}
+	params := make([]string, len(columns))
+	for i := range columns {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	// $1 is the key and $2 the name (NULL when unnamed), as in columns.
+	// {async} makes a mark's commit asynchronous: PostgreSQL answers
+	// before the WAL is flushed, which the next synchronous commit (a
+	// Reserve, or Close's barrier) or the WAL writer does within a few
+	// hundred milliseconds. Only a crash of the server itself in that window
+	// loses the mark (see the package documentation).
+	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
+	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{cols}", cols, "{o.cols}", prefixed,
+		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
+	return queries{
+		// Reserve: insert, or return the row that has the name (first) or
+		// the key. When the insert meets a row another transaction commits
+		// after this statement's snapshot, neither branch returns a row, and
+		// the caller runs the statement again.
+		reserve: r.Replace(`WITH ins AS (
+			INSERT INTO {ops} ({cols}) VALUES ({params})
+			ON CONFLICT DO NOTHING
+			RETURNING {returned}, true AS created
+		)
+		SELECT * FROM ins
+		UNION ALL
+		(SELECT {cols}, false FROM {ops}
+		 WHERE NOT EXISTS (SELECT 1 FROM ins) AND (name = $2 OR key = $1)
+		 ORDER BY (name = $2) IS TRUE DESC
+		 LIMIT 1)`),
+
+		// Acquire: $2 owner, $3 lease until, $4 updated, $5 header, $6
+		// body, $7 lease at. A finished row becomes pending with the given
+		// request; a row under another owner's live lease is left alone.
+		acquire: r.Replace(`UPDATE {ops} SET
+			owner = $2, lease_until = $3, updated = $4,
+			header = CASE WHEN state = 1 THEN header ELSE $5 END,
+			body = CASE WHEN state = 1 THEN body ELSE $6 END,
+			state = 1
+		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND owner <> $2 AND lease_until > $7)
+		RETURNING {cols}`),
+
+		// Renew: $2 owner, $3 lease until. Only the owner may renew, and
+		// only while the row is pending. Leases do not count as changes of
+		// the record: Updated stays (Resume reads it as the record's age).
+		renew: r.Replace(`UPDATE {ops} SET lease_until = $3 WHERE key = $1 AND state = 1 AND owner = $2`),
+
+		// leaseOf explains why Acquire or Renew changed nothing.
+		leaseOf: r.Replace(`SELECT state, owner, lease_until FROM {ops} WHERE key = $1`),
+
+		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
+
+		// Attempt: $2 sent, $3 status, $4 error, $5 updated.
+		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + GREATEST($2, 0), last_status = $3, last_error = $4, updated = $5
+		WHERE key = $1 AND (SELECT true FROM async)`),
+
+		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated. The
+		// replayable request goes, and so does the URL's query; the lease
+		// ends.
+		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + GREATEST($3, 0), last_status = $4, last_error = $5,
+			updated = $6, header = NULL, body = NULL, lease_until = 0, url = split_part(url, '?', 1)
+		WHERE key = $1 AND (SELECT true FROM async)`),
+
+		// Pending: $1 after, $2 limit (NULL: no limit).
+		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),
+
+		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until.
+		// Updated stays, as in Renew. Rows another Claim has locked are skipped, not waited
+		// for; rows it has just leased fail the lease test when rechecked.
+		claim: r.Replace(`WITH c AS (
+			SELECT key FROM {ops}
+			WHERE state = 1 AND key > $1 AND (owner = '' OR owner = $2 OR lease_until <= $3)
+			ORDER BY key LIMIT $4
+			FOR UPDATE SKIP LOCKED
+		)
+		UPDATE {ops} o SET owner = $2, lease_until = $5
+		FROM c WHERE o.key = c.key
+		RETURNING {o.cols}`),
+
+		sweep: r.Replace(`DELETE FROM {ops} WHERE state <> 1 AND updated < $1`),
+
+		// lastChange: the finished rows' latest through their index on
+		// updated, the pending ones (few) by a scan of theirs.
+		lastChange: r.Replace(`SELECT coalesce(greatest(
+			(SELECT max(updated) FROM {ops} WHERE state <> 1),
+			(SELECT max(updated) FROM {ops} WHERE state = 1)), 0)`),
+
+		// barrier commits a transaction that has an id, so its commit
+		// flushes the WAL (synchronous_commit on), and with it every
+		// asynchronous commit before it.
+		barrier: `SELECT pg_current_xact_id()::text`,
+	}
+}

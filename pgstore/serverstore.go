@@ -1,0 +1,305 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem/idemserver"
+)
+
+// ServerStore is an idemserver.Store on PostgreSQL: the inbound keys of
+// every replica of a fleet in one table, so that a retry that lands on
+// another replica than the first request is answered 409 while the first
+// runs and replayed once it is done. It is safe for concurrent use by many
+// goroutines and by many processes sharing one database and schema.
+//
+// Begin is one statement, one round trip and one commit: an insert that,
+// on a conflict, takes over the existing row only if it expired at the
+// request's time, and otherwise reads the row it conflicted with. Renew,
+// Complete and Release are single updates or deletes guarded by id and
+// token. Begin and Complete return after PostgreSQL committed their
+// change, so with the server's default synchronous_commit=on a claimed
+// key and a stored response are on disk before the handler runs and
+// before the response is sent.
+//
+// The store has no clock: it keeps the times its callers pass, in Unix
+// nanoseconds, and compares them as they are. Replicas whose clocks
+// disagree by more than a fraction of the lease may take over a key early;
+// keep them synchronized (NTP).
+//
+// Failures: every error from PostgreSQL (unreachable, restarted, a
+// terminated connection) matches idemserver.ErrStoreWrite and wraps pgx's
+// error, so the middleware answers 503 without running the handler (fail
+// closed); an error caused by the caller's context is returned as it is.
+// A row that cannot be read matches idemserver.ErrStoreCorrupt. The
+// middleware calls Complete and Release with contexts that are never
+// cancelled, so bound how long a connection attempt may take with
+// connect_timeout in the DSN: a database that drops packets instead of
+// refusing connections would otherwise hold those calls for the
+// operating system's TCP timeout.
+//
+// Cost: Begin locks the row it finds even when it only reads it (a replay
+// or a 409), so every Begin is a write transaction and, with
+// synchronous_commit=on, waits for one WAL flush.
+//
+// Schema: the table inbound_keys lives in the store's schema (see
+// WithSchema), next to the client Store's tables, and is created by the
+// same embedded, versioned migrations under the same advisory lock, so
+// replicas that start at once migrate once.
+type ServerStore struct {
+	pool    *pgxpool.Pool
+	ownPool bool // OpenServerStore made the pool, so Close closes it
+	schema  string
+	q       serverQueries
+	closed  atomic.Bool
+}
+
+var _ idemserver.Store = (*ServerStore)(nil)
+
+// OpenServerStore connects to the database at dsn (a PostgreSQL URL or
+// key=value string, as pgxpool.ParseConfig takes), creates or migrates
+// the store's schema, and returns the ServerStore. Close closes the
+// connection pool. An unreachable database gives an error matching
+// idemserver.ErrStoreWrite.
+func OpenServerStore(ctx context.Context, dsn string, opts ...Option) (*ServerStore, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemserver.ErrStoreWrite, err)
+	}
+	s, err := NewServerStore(ctx, pool, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
+}
+
+// NewServerStore returns a ServerStore on an existing pool, after creating
+// or migrating its schema. Close leaves the pool open: it belongs to the
+// caller, who may share it with a client Store.
+func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*ServerStore, error) {
+	c := config{schema: DefaultSchema}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.schema == "" {
+		return nil, errors.New("pgstore: empty schema name")
+	}
+	if err := migrate(ctx, pool, c.schema, idemserver.ErrStoreWrite); err != nil {
+		return nil, err
+	}
+	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema)}, nil
+}
+
+// Pool returns the connection pool the store uses.
+func (s *ServerStore) Pool() *pgxpool.Pool { return s.pool }
+
+// Schema returns the PostgreSQL schema that holds the store's table.
+func (s *ServerStore) Schema() string { return s.schema }
+
+// serverQueries holds the ServerStore's SQL with its table name filled in.
+// Each is one statement, so one implicit transaction and one commit.
+type serverQueries struct {
+	begin, renew, complete, release, sweep string
+}
+
+// sweepChunk bounds the rows one Sweep statement deletes, so that no
+// request waits behind one long delete.
+const sweepChunk = 1000
+
+func newServerQueries(schema string) serverQueries {
+	t := pgx.Identifier{schema, "inbound_keys"}.Sanitize()
+	return serverQueries{
+		// Begin: $1 id, $2 fingerprint, $3 new token, $4 now, $5 lease
+		// until. The upsert replaces a row that expired at $4 and locks
+		// any other; then the second branch reads that row. It reads it
+		// from the statement's snapshot, which misses a row committed
+		// after the snapshot was taken (no row comes back) and may show a
+		// version older than the one the upsert locked (an expired one);
+		// the caller then runs the statement again, with a new snapshot.
+		begin: `WITH up AS (
+			INSERT INTO ` + t + ` AS k (id, fingerprint, token, expires) VALUES ($1, $2, $3, $5)
+			ON CONFLICT (id) DO UPDATE SET fingerprint = excluded.fingerprint, token = excluded.token,
+				expires = excluded.expires, status = NULL, header = NULL, body = NULL
+			WHERE k.expires <= $4
+			RETURNING 1
+		)
+		SELECT true, '', 0::bigint, NULL::integer, NULL::bytea, NULL::bytea FROM up
+		UNION ALL
+		SELECT false, fingerprint, expires, status, header, body FROM ` + t + `
+		WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
+
+		// Renew: $2 token, $3 lease until.
+		renew: `UPDATE ` + t + ` SET expires = $3 WHERE id = $1 AND token = $2 AND status IS NULL`,
+
+		// Complete: $2 token, $3 status, $4 header, $5 body, $6 until.
+		complete: `UPDATE ` + t + ` SET token = '', status = $3, header = $4, body = $5, expires = $6
+		WHERE id = $1 AND token = $2 AND status IS NULL`,
+
+		release: `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND status IS NULL`,
+
+		// Sweep: $1 now. Rows that another statement holds (a Begin taking
+		// an expired key over, another replica's Sweep) are skipped; rows
+		// changed since the snapshot are checked again when locked.
+		sweep: `DELETE FROM ` + t + ` WHERE id IN (
+			SELECT id FROM ` + t + ` WHERE expires <= $1 ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
+			FOR UPDATE SKIP LOCKED)`,
+	}
+}
+
+// beginTries bounds how often Begin runs its statement again after its
+// snapshot missed the row it conflicted with; each run takes a new
+// snapshot, which sees that row, so two suffice unless the key is taken
+// over again and again in between.
+const beginTries = 4
+
+// check returns an error if ctx is done or the store is closed.
+func (s *ServerStore) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return context.Cause(ctx)
+	}
+	if s.closed.Load() {
+		return idemserver.ErrClosed
+	}
+	return nil
+}
+
+// fail wraps the error of a statement, what names it: the caller's
+// context ended, the store was closed meanwhile, or else PostgreSQL could
+// not take the change.
+func (s *ServerStore) fail(ctx context.Context, what string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("pgstore: %s: %w", what, context.Cause(ctx))
+	case s.closed.Load():
+		return fmt.Errorf("pgstore: %s: %w", what, idemserver.ErrClosed)
+	}
+	return fmt.Errorf("pgstore: %s: %w: %w", what, idemserver.ErrStoreWrite, err)
+}
+
+// Begin implements idemserver.Store.
+func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver.Claim, error) {
+	if err := s.check(ctx); err != nil {
+		return idemserver.Claim{}, err
+	}
+	tok := uuid.NewString()
+	now := nanos(b.Now)
+	for range beginTries {
+		var (
+			acquired     bool
+			fp           string
+			expires      int64
+			status       *int32
+			header, body []byte
+		)
+		err := s.pool.QueryRow(ctx, s.q.begin, b.ID, b.Fingerprint, tok, now, nanos(b.LeaseUntil)).
+			Scan(&acquired, &fp, &expires, &status, &header, &body)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // the row it conflicted with is newer than the snapshot
+		case err != nil:
+			return idemserver.Claim{}, s.fail(ctx, "begin "+b.ID, err)
+		case acquired:
+			return idemserver.Claim{State: idemserver.StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
+		case expires <= now:
+			continue // an older version than the one the upsert found live
+		case fp != b.Fingerprint:
+			return idemserver.Claim{State: idemserver.StateMismatch}, nil
+		case status == nil:
+			return idemserver.Claim{State: idemserver.StateInFlight, LeaseUntil: fromNanos(expires)}, nil
+		}
+		resp := &idemserver.Response{Status: int(*status), Body: body}
+		if header != nil {
+			if err := json.Unmarshal(header, &resp.Header); err != nil {
+				return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: stored header: %w: %w", b.ID, idemserver.ErrStoreCorrupt, err)
+			}
+		}
+		return idemserver.Claim{State: idemserver.StateDone, Response: resp}, nil
+	}
+	return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the key changed under %d tries: %w", b.ID, beginTries, idemserver.ErrStoreWrite)
+}
+
+// held runs the statement q on the in-flight row id held under token;
+// changing no row means the caller lost it.
+func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, q, args...)
+	if err != nil {
+		return s.fail(ctx, what+" "+id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: %s %s: %w", what, id, idemserver.ErrLockLost)
+	}
+	return nil
+}
+
+// Renew implements idemserver.Store.
+func (s *ServerStore) Renew(ctx context.Context, id, token string, until time.Time) error {
+	return s.held(ctx, "renew", s.q.renew, id, id, token, nanos(until))
+}
+
+// Complete implements idemserver.Store.
+func (s *ServerStore) Complete(ctx context.Context, id, token string, resp *idemserver.Response, until time.Time) error {
+	if resp == nil {
+		return fmt.Errorf("pgstore: complete %s: nil response", id)
+	}
+	header, err := encodeHeader(resp.Header)
+	if err != nil {
+		return fmt.Errorf("pgstore: complete %s: header: %w", id, err)
+	}
+	return s.held(ctx, "complete", s.q.complete, id, id, token, int32(resp.Status), header, resp.Body, nanos(until))
+}
+
+// Release implements idemserver.Store.
+func (s *ServerStore) Release(ctx context.Context, id, token string) error {
+	return s.held(ctx, "release", s.q.release, id, id, token)
+}
+
+// Sweep implements idemserver.Store. It deletes in statements of at most a
+// thousand rows; replicas may sweep at once, each deleting the rows the
+// others do not hold at that moment.
+func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	for {
+		if err := s.check(ctx); err != nil {
+			return total, err
+		}
+		tag, err := s.pool.Exec(ctx, s.q.sweep, nanos(now))
+		if err != nil {
+			return total, s.fail(ctx, "sweep", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < sweepChunk {
+			return total, nil
+		}
+	}
+}
+
+// Close implements idemserver.Store: it closes the pool if
+// OpenServerStore made it. Later calls of every method, Close included,
+// return an error matching idemserver.ErrClosed.
+func (s *ServerStore) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return fmt.Errorf("pgstore: close: %w", idemserver.ErrClosed)
+	}
+	if s.ownPool {
+		s.pool.Close()
+	}
+	return nil
+}

@@ -1,0 +1,296 @@
+// Package pgstore keeps idem's state on PostgreSQL, shared by every replica
+// of a fleet: Store is an idem.KeyStore (the client's journal of outbound
+// operations), and ServerStore is an idemserver.Store (the inbound keys of
+// idempotent handlers, so that a retry that lands on another replica is
+// replayed). Both live in one schema and may share one pool.
+//
+//	store, err := pgstore.Open(ctx, "postgres://idem@db:5432/shop")
+//	if err != nil {
+//		return err
+//	}
+//	client := idem.New(store)
+//	defer client.Close() // closes the store too
+//
+// and on the server side, in front of handlers:
+//
+//	keys, err := pgstore.OpenServerStore(ctx, "postgres://idem@db:5432/shop?connect_timeout=5")
+//	if err != nil {
+//		return err
+//	}
+//	defer keys.Close()
+//	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
+//
+// A named operation (idem.WithOperation) is one key fleet-wide: the name
+// column is unique, so a retry that lands on another replica re-drives the
+// same key. Each pending operation carries an owner and a lease; Claim takes
+// the pending operations a replica owns or whose lease lapsed with FOR
+// UPDATE SKIP LOCKED, so several replicas resuming at once never send one
+// operation twice.
+//
+// Durability: Reserve, Acquire and Renew return after PostgreSQL committed
+// their change, so with the server's default synchronous_commit=on a
+// reservation is on disk before the transport sends anything. A Reserve is
+// one statement (an insert that does nothing on a conflict, and a select of
+// the row it conflicted with): one round trip and one commit. Reservations
+// made at the same moment share them: one goroutine sends everything queued
+// while its last group ran as one pipeline, which PostgreSQL runs as one
+// transaction (group commit, no timer; a lone call is a group of one).
+//
+// Attempt and Finish marks are grouped the same way and committed
+// ASYNCHRONOUSLY (synchronous_commit=off for their transaction only):
+// PostgreSQL answers before its WAL is flushed, and the next synchronous
+// commit — any replica's next reservation — or the WAL writer, within
+// 3 × wal_writer_delay (600 ms by default), flushes it. A crash of the
+// PostgreSQL server inside that window can lose a mark: the operation is
+// then still pending, and Resume sends it again under its key, so the
+// provider replays its answer. A crash of the replica loses nothing once
+// Finish returned. If PostgreSQL cannot take a mark (a broken connection,
+// the server away), the store keeps it and writes it again until it can;
+// reads and changes of this store write waiting marks first, and Close
+// makes every mark durable or returns an error matching
+// idem.ErrJournalWrite.
+//
+// Failures (ServerStore's are stated on its type): every error from
+// PostgreSQL — unreachable, restarted, terminated connections, a read that
+// failed — matches idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
+// transport sends nothing, and the store works again as soon as the pool
+// reaches the server (each connection the server closed while idle fails
+// once before the pool drops it).
+//
+// Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
+// unless WithSchema names another) and creates or migrates them on Open and
+// New. Migrations are embedded in the package, versioned, and applied in
+// one transaction under an advisory lock, so replicas that start at once
+// migrate once. The role needs the CREATE privilege on the database the
+// first time (or the schema must exist and belong to it).
+package pgstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgo/idem"
+)
+
+// DefaultSchema is the PostgreSQL schema the store's tables live in unless
+// WithSchema names another.
+const DefaultSchema = "idem"
+
+// Option configures a Store or a ServerStore.
+type Option func(*config)
+
+type config struct {
+	schema string
+}
+
+// WithSchema keeps the store's tables in the PostgreSQL schema name instead
+// of DefaultSchema; it is created if missing. Stores with different schemas
+// share nothing, which lets tests run side by side on one database.
+func WithSchema(name string) Option {
+	return func(c *config) { c.schema = name }
+}
+
+// Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
+// many goroutines and by many processes sharing one database.
+type Store struct {
+	pool       *pgxpool.Pool
+	ownPool    bool // Open made the pool, so Close closes it
+	schema     string
+	q          queries
+	now        func() time.Time
+	marks      *marks
+	markGroups *markGroups
+	reserver   *reserver
+
+	closed atomic.Bool
+}
+
+// Open connects to the database at dsn (a PostgreSQL URL or key=value
+// string, as pgxpool.ParseConfig takes), creates or migrates the store's
+// schema, and returns the Store. Close closes the connection pool.
+func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idem.ErrJournalWrite, err)
+	}
+	s, err := New(ctx, pool, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
+}
+
+// New returns a Store on an existing pool, after creating or migrating its
+// schema. Close leaves the pool open: it belongs to the caller.
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	c := config{schema: DefaultSchema}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.schema == "" {
+		return nil, errors.New("pgstore: empty schema name")
+	}
+	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
+		return nil, err
+	}
+	q := newQueries(c.schema)
+	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
+}
+
+// Close makes every accepted change durable, releases the store, and
+// closes the pool if Open made it. If PostgreSQL cannot take the changes
+// within a few seconds, Close returns an error matching
+// idem.ErrJournalWrite: those changes may be lost. Later calls of every
+// method, Close included, return an error matching idem.ErrClosed.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
+	}
+	s.reserver.close()
+	s.markGroups.close()
+	err := s.marks.close()
+	if err != nil {
+		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
+	} else if err = retry(closeFlushTimeout, s.barrier); err != nil {
+		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
+	}
+	if s.ownPool {
+		s.pool.Close()
+	}
+	return err
+}
+
+// barrier returns once every change committed asynchronously is on disk:
+// it commits a transaction synchronously, which flushes the WAL before it.
+func (s *Store) barrier(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, s.q.barrier)
+	return err
+}
+
+// Pool returns the connection pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Schema returns the PostgreSQL schema that holds the store's tables.
+func (s *Store) Schema() string { return s.schema }
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migration is one embedded schema change, numbered by its file name
+// ("0001_operations.sql" is version 1).
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order. Versions
+// must run 1, 2, 3, ... without gaps.
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("pgstore: migration file %q has no version prefix", e.Name())
+		}
+		b, err := fs.ReadFile(migrationFS, "migrations/"+e.Name())
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: e.Name(), sql: string(b)})
+	}
+	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("pgstore: migration %s: want version %d", m.name, i+1)
+		}
+	}
+	return ms, nil
+}
+
+// migrateLockClass is the first half of the advisory lock key that
+// serializes migrations; the second half is a hash of the schema name.
+const migrateLockClass = 0x1de4 // "idem"
+
+// migrate creates the schema and applies the migrations it lacks, in one
+// transaction that first takes a transaction-level advisory lock: replicas
+// that start at once wait for each other, and the later ones find the work
+// done. A schema migrated by a newer version of this package (versions
+// beyond the embedded ones) is used as it is; migrations only add. Every
+// migration runs whichever store opens the schema, so the client's Store
+// and the ServerStore always find all their tables. Errors match sentinel,
+// the calling store's error for a database it cannot write.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel error) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	fail := func(step string, err error) error {
+		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, sentinel, err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
+			return fail("lock", err)
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
+			return fail("look up schema", err)
+		}
+		ident := pgx.Identifier{schema}.Sanitize()
+		if !exists {
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA `+ident); err != nil {
+				return fail("create schema", err)
+			}
+		}
+		// Unqualified names in the migrations mean the store's schema.
+		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+ident); err != nil {
+			return fail("search_path", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS migrations (
+			version integer PRIMARY KEY,
+			name    text NOT NULL,
+			applied timestamptz NOT NULL DEFAULT now()
+		)`); err != nil {
+			return fail("create migrations table", err)
+		}
+		var have int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM migrations`).Scan(&have); err != nil {
+			return fail("read version", err)
+		}
+		for _, m := range ms[min(have, len(ms)):] {
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fail(m.name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+				return fail(m.name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, sentinel) {
+		return fail("commit", err) // the begin or the commit failed
+	}
+	return err
+}

@@ -1,0 +1,220 @@
+package idem
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// checkRequest returns why req can never be sent, or nil: no URL, a scheme
+// other than http or https, no host, or a header that cannot be written.
+// Such a request is refused before anything is journaled.
+func checkRequest(req *http.Request) error {
+	switch {
+	case req.URL == nil:
+		return fmt.Errorf("%w: no URL", ErrInvalidRequest)
+	case req.URL.Scheme != "http" && req.URL.Scheme != "https":
+		return fmt.Errorf("%w: unsupported scheme %s", ErrInvalidRequest, quote(req.URL.Scheme))
+	case req.URL.Host == "":
+		return fmt.Errorf("%w: no host in URL", ErrInvalidRequest)
+	case !validMethod(req.Method):
+		return fmt.Errorf("%w: method %s", ErrInvalidRequest, quote(req.Method))
+	}
+	for k, vs := range req.Header {
+		if !validHeaderName(k) {
+			return fmt.Errorf("%w: header name %s", ErrInvalidRequest, quote(k))
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				return fmt.Errorf("%w: header %s has a line break or NUL in its value", ErrInvalidRequest, quote(k))
+			}
+		}
+	}
+	if strings.ContainsAny(req.Host, "\r\n\x00 ") {
+		return fmt.Errorf("%w: Host %s", ErrInvalidRequest, quote(req.Host))
+	}
+	return nil
+}
+
+// validMethod reports whether m is an HTTP token ("" means GET).
+func validMethod(m string) bool { return m == "" || validHeaderName(m) }
+
+// validHeaderName reports whether s is an HTTP token (RFC 9110 §5.6.2).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// journaledURL returns the URL as the journal keeps it: without user info
+// and without the secret query parameters. redacted reports whether
+// anything was removed.
+func (c *config) journaledURL(u *url.URL) (s string, redacted bool) {
+	if u.User == nil && (u.RawQuery == "" || !c.hasSecretQuery(u.RawQuery)) {
+		return u.String(), false
+	}
+	v := *u
+	v.User = nil
+	if v.RawQuery != "" {
+		q := v.Query()
+		for k := range q {
+			if c.secretQuery[k] || c.secretQuery[strings.ToLower(k)] {
+				q.Del(k)
+			}
+		}
+		v.RawQuery = q.Encode()
+	}
+	return v.String(), true
+}
+
+// hasSecretQuery reports whether a raw query names a secret parameter.
+func (c *config) hasSecretQuery(raw string) bool {
+	for raw != "" {
+		var part string
+		part, raw, _ = strings.Cut(raw, "&")
+		name, _, _ := strings.Cut(part, "=")
+		if n, err := url.QueryUnescape(name); err == nil {
+			name = n
+		}
+		if c.secretQuery[name] || c.secretQuery[strings.ToLower(name)] {
+			return true
+		}
+	}
+	return false
+}
+
+// journaledHeader returns the headers worth replaying after a crash: all
+// but the secret ones and the key header (which is re-added from the key),
+// and whether a secret one was removed.
+func (c *config) journaledHeader(h http.Header) (out http.Header, redacted bool) {
+	out = make(http.Header, len(h))
+	for k, v := range h {
+		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
+			redacted = redacted || c.secret[ck]
+			continue
+		}
+		out[k] = v
+	}
+	return out, redacted
+}
+
+// headerKey returns the key a caller put on the request's header, in any
+// spelling of the header's name.
+func headerKey(h http.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	for k, vs := range h {
+		if len(vs) > 0 && strings.EqualFold(k, name) {
+			return vs[0]
+		}
+	}
+	return ""
+}
+
+// outgoingHeader returns a copy of h with key as the only value of the key
+// header, whatever spelling the caller used.
+func outgoingHeader(h http.Header, name, key string) http.Header {
+	out := make(http.Header, len(h)+1)
+	for k, v := range h {
+		if k != name && strings.EqualFold(k, name) {
+			continue
+		}
+		out[k] = v
+	}
+	out[name] = []string{key}
+	return out
+}
+
+// readBody reads a request body of at most limit bytes and closes it. If
+// the body is larger, it returns the bytes read so far and the unread rest
+// (still open).
+func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, err error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil, nil
+	}
+	if req.ContentLength > limit {
+		return nil, req.Body, nil
+	}
+	if req.ContentLength > 0 {
+		// The length is known: read into one buffer of exactly that size.
+		body = make([]byte, req.ContentLength)
+		_, err = io.ReadFull(req.Body, body)
+		if err == nil {
+			var extra [1]byte
+			if n, _ := io.ReadFull(req.Body, extra[:]); n > 0 {
+				err = fmt.Errorf("body is longer than its ContentLength %d", req.ContentLength)
+			}
+		}
+		if err != nil {
+			req.Body.Close()
+			return nil, nil, err
+		}
+		return body, nil, req.Body.Close()
+	}
+	body, err = io.ReadAll(io.LimitReader(req.Body, limit+1))
+	if err != nil {
+		req.Body.Close()
+		return nil, nil, err
+	}
+	if int64(len(body)) > limit {
+		return body, req.Body, nil
+	}
+	return body, nil, req.Body.Close()
+}
+
+// closeBody closes a request's body, as a RoundTripper must even on errors.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// discard drains a little of a response body, so that the connection can
+// be reused, and closes it.
+func discard(resp *http.Response) {
+	io.CopyN(io.Discard, resp.Body, 4<<10)
+	resp.Body.Close()
+}
+
+// bodyReader is a journaled body read by one attempt: a bytes.Reader that
+// closes, in one allocation.
+type bodyReader struct{ bytes.Reader }
+
+// Close implements io.Closer.
+func (*bodyReader) Close() error { return nil }
+
+// bodyFunc returns a GetBody over body.
+func bodyFunc(body []byte) func() (io.ReadCloser, error) {
+	if len(body) == 0 {
+		return func() (io.ReadCloser, error) { return http.NoBody, nil }
+	}
+	return func() (io.ReadCloser, error) {
+		r := new(bodyReader)
+		r.Reset(body)
+		return r, nil
+	}
+}
+
+// maxQuoted bounds how much of a key or name an error or log line shows.
+const maxQuoted = 64
+
+// quote returns s quoted for an error text, shortened to maxQuoted bytes:
+// a key or name from a request must not inject lines into a log or print
+// a megabyte.
+func quote(s string) string {
+	if len(s) > maxQuoted {
+		return fmt.Sprintf("%q…(%d bytes)", s[:maxQuoted], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}

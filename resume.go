@@ -1,0 +1,308 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Resume finishes the operations pending in the journal: those whose
+// outcome no caller learned because the process died, or because the last
+// attempt ended without a response. It claims them (in a shared journal,
+// only those this Client owns or whose lease lapsed), re-sends each
+// journaled request with its original key through the retry policy, and
+// calls fn once per operation with the final response (the body is
+// readable; fn must close it) or the error. Sends run in parallel (see
+// WithResumeConcurrency); fn is called from one goroutine at a time, in the
+// order the operations finish.
+//
+// An operation is not sent, and fn gets an *Error saying why, when it is
+// older than the resend window or dated in the future (ErrExpired: it is
+// marked expired, for the application to reconcile with the server); when
+// its credentials were not journaled and no WithResumePrepare hook is set
+// (ErrNoCredentials: it stays pending); when its body was not journaled
+// (ErrNotRetryable: it stays pending, a re-drive with its name or key
+// still works); or when its record cannot be read (ErrJournalCorrupt or
+// ErrRecordVersion, with only Key set). An operation in flight in this
+// process (a live call) is skipped: its caller owns its outcome.
+//
+// If fn panics, the operation is made pending again, so that the next
+// Resume delivers its outcome once more (the server replays it), and Resume
+// goes on with the others. Resume returns an error that joins the panics,
+// the count of records it could not read, and a journal read error; it
+// returns early with ctx's cause when ctx ends, also while it waits for
+// another Resume.
+func (c *Client) Resume(ctx context.Context, fn func(op Operation, resp *http.Response, err error)) error {
+	return c.resume(ctx, 0, fn)
+}
+
+// resumePage is how many pending operations Resume claims at a time.
+const resumePage = 256
+
+// resumed is one operation's outcome on its way to fn.
+type resumed struct {
+	op   Operation
+	resp *http.Response
+	err  error
+	o    *operation // nil when nothing was sent
+}
+
+// resume is Resume for operations last updated at least minAge ago.
+func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
+	select {
+	case c.resuming <- struct{}{}:
+	case <-c.shut:
+		return fmt.Errorf("idem: resume: %w", ErrClosed)
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	defer func() { <-c.resuming }()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(c.shutCtx, func() { cancel(ErrClosed) })()
+	if fn == nil {
+		fn = c.logOutcome
+	}
+	var (
+		j          = c.t.j
+		jobs       = make(chan Operation)
+		results    = make(chan resumed)
+		workers    sync.WaitGroup
+		readErr    error
+		unreadable []error
+		cutoff     = time.Now().Add(-minAge)
+	)
+	for range c.t.cfg.resumeWorkers {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for op := range jobs {
+				if r, ok := c.resumeOne(ctx, op); ok {
+					results <- r
+				}
+			}
+		}()
+	}
+	go func() {
+		defer func() {
+			close(jobs)
+			workers.Wait()
+			close(results)
+		}()
+		for after := ""; ; {
+			page, err := j.store.Claim(ctx, j.newLease(time.Now()), after, resumePage)
+			if err != nil && len(page) == 0 {
+				readErr = fmt.Errorf("idem: resume: reading pending operations: %w", err)
+				return
+			}
+			if len(page) == 0 {
+				return
+			}
+			after = page[len(page)-1].Key
+			for _, op := range page {
+				if op.State == 0 { // a record the store could not read
+					e := unreadableError(op, err)
+					unreadable = append(unreadable, e)
+					select {
+					case results <- resumed{op: op, err: e}:
+					case <-ctx.Done():
+						return
+					}
+					continue
+				}
+				if op.Updated.After(cutoff) {
+					continue
+				}
+				select {
+				case jobs <- op:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+
+	var errs []error
+	for r := range results {
+		if err := c.deliver(r, fn); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(unreadable) > 0 {
+		errs = append(errs, fmt.Errorf("idem: resume: %d pending operations could not be read: %w", len(unreadable), errors.Join(unreadable...)))
+	}
+	if readErr != nil {
+		errs = append(errs, readErr)
+	}
+	if ctx.Err() != nil {
+		errs = append(errs, context.Cause(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// unreadableError is the error Resume reports for a pending record the
+// store could not read: storeErr is what the store said of its page.
+func unreadableError(op Operation, storeErr error) error {
+	cause := ErrJournalCorrupt
+	if errors.Is(storeErr, ErrRecordVersion) && !errors.Is(storeErr, ErrJournalCorrupt) {
+		cause = ErrRecordVersion
+	}
+	if op.LastError != "" {
+		storeErr = errors.New(op.LastError)
+	}
+	return &Error{Key: op.Key, Cause: cause, Err: storeErr}
+}
+
+// resumeOne sends one claimed operation, unless it is in flight here, and
+// returns its outcome.
+func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
+	j := c.t.j
+	o := j.claimed(rec)
+	if o == nil {
+		return resumed{}, false // in flight here; its caller gets the outcome
+	}
+	o.hooks = hooksFor(ctx, c.t.cfg.hooks)
+	notSent := func(state State, cause, err error) (resumed, bool) {
+		o.end(func() {
+			if state.Finished() {
+				text := cause.Error()
+				if err != nil {
+					text = err.Error()
+				}
+				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text}); ferr != nil {
+					err = errors.Join(err, ferr)
+				}
+			}
+		})
+		if state == StateExpired && o.hooks.any() {
+			o.hooks.expired(o.info(state))
+		}
+		rec.State = state
+		return resumed{op: rec, err: &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}}, true
+	}
+	if why := j.tooOld(&rec, time.Now()); why != nil {
+		if why == ErrExpired {
+			why = nil
+		}
+		return notSent(StateExpired, ErrExpired, why)
+	}
+	if rec.Unreplayable {
+		return notSent(StatePending, ErrNotRetryable, errors.New("idem: the body was over the journal's limit and was not journaled; re-drive it with its name or key"))
+	}
+	prepare := c.t.cfg.prepare
+	if rec.Redacted && prepare == nil {
+		return notSent(StatePending, ErrNoCredentials, nil)
+	}
+	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, nil)
+	if err == nil {
+		err = checkRequest(req)
+	}
+	if err != nil {
+		return notSent(StateFailed, ErrInvalidRequest, err)
+	}
+	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, rec.Key)
+	if rec.Host != "" {
+		req.Host = rec.Host
+	}
+	if prepare != nil {
+		if err := prepare(req); err != nil {
+			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
+		}
+	}
+	req = req.WithContext(o.traced(req.Context()))
+	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
+	resp, err := c.t.attempts(ctx, o, req, req.GetBody)
+	if o.hooks.any() {
+		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
+	}
+	return resumed{op: rec, resp: resp, err: err, o: o}, true
+}
+
+// deliver calls fn with an operation's outcome. If fn panics it closes the
+// response, makes the operation pending again, and returns the panic as an
+// error.
+func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (perr error) {
+	rec := r.op
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		perr = fmt.Errorf("idem: resume handler panicked for operation %s: %v", quote(rec.Key), p)
+		if r.o == nil {
+			return
+		}
+		settled := r.o.leaveInDoubt(statusOf(r.resp), perr)
+		if r.resp != nil {
+			r.resp.Body.Close()
+		}
+		if settled { // fn had read the answer before it panicked
+			j := c.t.j
+			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(time.Now()), rec.Header, rec.Body); err != nil {
+				perr = errors.Join(perr, err)
+			}
+		}
+	}()
+	if r.resp != nil {
+		rec.LastStatus = r.resp.StatusCode
+		switch {
+		case r.resp.StatusCode < 400:
+			rec.State = StateSucceeded
+		case r.resp.StatusCode == http.StatusUnauthorized || r.resp.StatusCode == http.StatusForbidden ||
+			r.resp.StatusCode == http.StatusProxyAuthRequired:
+			rec.State = StatePending
+		default:
+			rec.State = StateFailed
+		}
+	} else {
+		var ie *Error
+		if errors.As(r.err, &ie) {
+			rec.State = ie.State
+		}
+	}
+	fn(rec, r.resp, r.err)
+	return nil
+}
+
+// logOutcome is the handler of a background Resume without one: it logs
+// the outcome and closes the body.
+func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
+	log := c.t.cfg.logger
+	if resp != nil {
+		resp.Body.Close()
+		log.Info("idem: resumed operation", "idem.key", op.Key, "idem.operation", op.Name, "http.response.status_code", resp.StatusCode)
+		return
+	}
+	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "err", err)
+}
+
+// resumeLoop is the background resumer: every interval it resumes the
+// operations that have been pending for at least that long.
+func (c *Client) resumeLoop() {
+	defer close(c.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	every := c.t.cfg.resumeEvery
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
+				c.t.cfg.logger.Warn("idem: background resume", "err", err)
+			}
+		}
+	}
+}
