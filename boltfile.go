@@ -45,6 +45,11 @@ type BoltOptions struct {
 	// or Finish failed. Those changes are kept and ride the next commit;
 	// Close returns an error if they still cannot be written.
 	OnWriteError func(error)
+	// OnCommit, if set, is called on the store's writer goroutine after
+	// every group commit with the number of changes it carried, how long it
+	// took (fsyncs included) and its error: the journal's commit latency
+	// and group size, for metrics. It must not block.
+	OnCommit func(changes int, latency time.Duration, err error)
 	// ScrubDelay bounds how long the request (header and body) of a
 	// finished operation may stay readable in the free pages of the file:
 	// bbolt frees pages without clearing them, so the store overwrites the
@@ -85,11 +90,12 @@ const opsFill = 0.9
 
 // boltFile is the bbolt file of a BoltStore and what guards it.
 type boltFile struct {
-	path   string
-	db     *bolt.DB
-	file   *os.File    // bbolt's file handle, to release a broken journal
-	id     os.FileInfo // the open file, to tell whether path still names it
-	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
+	path     string
+	modified time.Time // the file's modification time when it was opened
+	db       *bolt.DB
+	file     *os.File    // bbolt's file handle, to release a broken journal
+	id       os.FileInfo // the open file, to tell whether path still names it
+	broken   atomic.Bool // bbolt panicked or faulted; its locks may be held
 
 	// readers is held shared by read transactions and exclusively while
 	// free pages are scrubbed: a reader's snapshot may still use a page
@@ -126,6 +132,9 @@ func openFile(path string, timeout time.Duration) (*boltFile, error) {
 		}
 	case err != nil:
 		return nil, fmt.Errorf("open journal %s: %w: %w", path, ErrJournalWrite, err)
+	}
+	if err == nil {
+		f.modified = fi.ModTime()
 	}
 	if err := f.open(timeout); err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)

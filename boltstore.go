@@ -74,6 +74,14 @@ type BoltStore struct {
 
 var _ KeyStore = (*BoltStore)(nil)
 
+// LastChange returns when the journal file was last written before this
+// store opened it (its modification time), or the zero time for a new
+// journal. A Client uses it to bound how far it trusts its wall clock when
+// it sweeps.
+func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
+	return s.f.modified, nil
+}
+
 // OpenBoltStore opens the journal at path, creating the file (mode 0600) if
 // it does not exist.
 // It returns an error matching ErrJournalLocked if another process or handle
@@ -108,6 +116,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	s.w = groupcommit.New(f.update, groupcommit.Options{
 		MaxGroup: opt.MaxGroup,
 		Recover:  f.corrupt,
+		OnCommit: opt.OnCommit,
 		OnAsyncError: func(err error) {
 			s.log.Warn("idem: queued journal change not written yet", "err", err)
 			if opt.OnWriteError != nil {

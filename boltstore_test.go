@@ -18,6 +18,9 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/crashtest"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func openBolt(t *testing.T, path string) *idem.BoltStore {
@@ -1005,4 +1008,42 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	if ops, err := s.Pending(ctx, "", 0); err != nil || len(ops) != 1 || !bytes.Equal(ops[0].Body, small.Body) {
 		t.Fatalf("Pending after the sweep = %v, %v", keys(ops), err)
 	}
+}
+
+func TestBoltStoreOnCommitAndLastChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal.db")
+	var (
+		mu      sync.Mutex
+		commits int
+		changes int
+	)
+	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{OnCommit: func(n int, d time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err == nil && d >= 0 {
+			commits++
+			changes += n
+		}
+	}})
+	require.NoError(t, err)
+	last, err := s.LastChange(t.Context())
+	require.NoError(t, err)
+	assert.True(t, last.IsZero(), "a new journal has no last change")
+	for _, k := range []string{"a", "b", "c"} {
+		mustReserve(t, s, newOp(k))
+	}
+	mu.Lock()
+	assert.Positive(t, commits)
+	assert.GreaterOrEqual(t, changes, 3, "every reservation rode a commit the hook heard of")
+	mu.Unlock()
+	require.NoError(t, s.Close())
+
+	when := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	require.NoError(t, os.Chtimes(path, when, when))
+	s, err = idem.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	last, err = s.LastChange(t.Context())
+	require.NoError(t, err)
+	assert.True(t, last.Equal(when), "LastChange = %v, want the file's time %v", last, when)
 }

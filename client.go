@@ -40,7 +40,13 @@ type Client struct {
 // OpenBoltStore and New to set the journal's own options.
 func Open(path string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
-	store, err := OpenBoltStore(path, &BoltOptions{Logger: cfg.logger})
+	bo := &BoltOptions{Logger: cfg.logger}
+	if h := cfg.hooks; h != nil && h.JournalCommit != nil {
+		bo.OnCommit = func(n int, d time.Duration, err error) {
+			h.JournalCommit(JournalCommitInfo{Changes: n, Latency: d, Err: err})
+		}
+	}
+	store, err := OpenBoltStore(path, bo)
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,21 @@ type Hooks struct {
 	// Expired is called when an operation is given up unsent because it is
 	// past the resend window.
 	Expired func(op OperationInfo)
+	// JournalCommit is called after each commit of the bbolt journal that
+	// Open opened (for a store given to New, use its own options, such as
+	// BoltOptions.OnCommit): how many changes it carried, how long it took
+	// with its fsyncs, and its error. Only the Client's hooks get it.
+	JournalCommit func(JournalCommitInfo)
+}
+
+// JournalCommitInfo describes one commit of the journal.
+type JournalCommitInfo struct {
+	// Changes counts the changes the commit carried (its group size).
+	Changes int
+	// Latency is how long the commit took, fsyncs included.
+	Latency time.Duration
+	// Err is the commit's error, or nil.
+	Err error
 }
 
 // OperationInfo names an operation in a hook.

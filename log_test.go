@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -156,4 +157,28 @@ func TestLoggerSilentByDefault(t *testing.T) {
 	logCalls(t)
 	logCalls(t, idem.WithLogger(nil))
 	assert.Zero(t, h.len(), "records: %+v", h.recs)
+}
+
+func TestJournalCommitHook(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		changes int
+	)
+	c, err := idem.Open(filepath.Join(t.TempDir(), "journal.db"), idem.WithBaseTransport(&scriptRT{steps: []step{resp(201)}}), idem.WithHooks(&idem.Hooks{
+		JournalCommit: func(ci idem.JournalCommitInfo) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ci.Err == nil && ci.Latency > 0 {
+				changes += ci.Changes
+			}
+		},
+	}))
+	require.NoError(t, err)
+	resp, err := post(t, context.Background(), c.HTTPClient(), `{}`)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.NoError(t, c.Close())
+	mu.Lock()
+	defer mu.Unlock()
+	assert.GreaterOrEqual(t, changes, 2, "the reservation and the finish mark were committed and reported")
 }

@@ -43,6 +43,10 @@ type Options struct {
 	// disk), or once per failed commit that carried functions queued by Go
 	// (which are kept for the next commit). Nil ignores such errors.
 	OnAsyncError func(error)
+	// OnCommit, if set, is called on the writer's goroutine after every
+	// commit with the number of functions it carried, how long it took and
+	// its error. It must not block.
+	OnCommit func(n int, d time.Duration, err error)
 	// Recover, if set, turns the value a function panicked with into the
 	// error that function gets. Nil gives a generic error.
 	Recover func(p any) error
@@ -63,6 +67,7 @@ type Writer[T any] struct {
 	update     func(func(T) error) error
 	maxGroup   int
 	onAsync    func(error)
+	onCommit   func(int, time.Duration, error)
 	asyncDelay time.Duration
 	maxRetry   time.Duration
 	recover    func(any) error
@@ -120,6 +125,7 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 		update:     update,
 		maxGroup:   o.MaxGroup,
 		onAsync:    o.OnAsyncError,
+		onCommit:   o.OnCommit,
 		asyncDelay: o.AsyncDelay,
 		exited:     make(chan struct{}),
 	}
@@ -373,8 +379,15 @@ func (w *Writer[T]) run(group []*item[T]) (kept []*item[T], err error) {
 	defer func() { clear(live); w.live = live[:0] }()
 	for len(live) > 0 {
 		w.running, w.failed, w.failErrFn = live, -1, nil
+		var began time.Time
+		if w.onCommit != nil {
+			began = time.Now()
+		}
 		err := w.safeUpdate(w.runFn)
 		failed, ferr := w.failed, w.failErrFn
+		if w.onCommit != nil && failed < 0 {
+			w.onCommit(len(live), time.Since(began), err)
+		}
 		w.running, w.failErrFn = nil, nil
 		if failed >= 0 {
 			w.finish(live[failed], ferr)
