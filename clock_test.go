@@ -12,16 +12,13 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// anchoredStore is a MemoryStore that says when it last changed, and that a
-// Client's Close leaves open, so that a second Client can reopen it as a
-// restarted process reopens its journal.
+// anchoredStore is a sharedStore that says when it last changed.
 type anchoredStore struct {
-	*idem.MemoryStore
+	sharedStore
 	last time.Time
 }
 
 func (s *anchoredStore) LastChange(context.Context) (time.Time, error) { return s.last, nil }
-func (s *anchoredStore) Close() error                                  { return nil }
 
 func TestClockAheadAtOpenSweepsNoNames(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -31,7 +28,7 @@ func TestClockAheadAtOpenSweepsNoNames(t *testing.T) {
 		mem := idem.NewMemoryStore()
 		hourAgo := time.Now().Add(-8*24*time.Hour - time.Hour) // "now" below is 8 days ahead
 		mem.SetNow(func() time.Time { return hourAgo })
-		store := &anchoredStore{MemoryStore: mem, last: hourAgo}
+		store := &anchoredStore{sharedStore: sharedStore{mem}, last: hourAgo}
 		c := idem.New(store, idem.WithBaseTransport(rt))
 		r, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`)
 		require.NoError(t, err)

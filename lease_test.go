@@ -17,7 +17,8 @@ import (
 )
 
 // sharedStore is a MemoryStore two Clients share, as replicas share a
-// journal; a Client's Close leaves it open.
+// journal, or one Client after another, as a restarted process reopens
+// its journal; a Client's Close leaves it open.
 type sharedStore struct{ *idem.MemoryStore }
 
 func (sharedStore) Close() error { return nil }

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -394,22 +393,6 @@ type idleCounter struct {
 
 func (i *idleCounter) CloseIdleConnections() { i.closes.Add(1) }
 
-// logCollector is a slog.Handler that keeps every record.
-type logCollector struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logCollector) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logCollector) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r.Clone())
-	return nil
-}
-func (l *logCollector) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logCollector) WithGroup(string) slog.Handler      { return l }
-
 // TestClientOptionsAndEdges checks options that compose, the zero
 // Transport, CloseIdleConnections and the in-doubt log record.
 func TestClientOptionsAndEdges(t *testing.T) {
@@ -449,26 +432,18 @@ func TestClientOptionsAndEdges(t *testing.T) {
 	})
 	t.Run("in doubt is logged at Warn with the key", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			logs := &logCollector{}
+			logs := &logRecords{}
 			rt := &scriptRT{steps: []step{fail(errReset)}}
 			c, _ := newTestClient(rt, idem.WithMaxAttempts(1), idem.WithLogger(slog.New(logs)))
 			defer c.Close()
 			key := leavePending(t, c, rt, context.Background(), "{}")
-			logs.mu.Lock()
-			defer logs.mu.Unlock()
 			found := false
-			for _, r := range logs.recs {
-				if r.Level != slog.LevelWarn {
-					continue
+			for _, r := range logs.find("idem: operation left in doubt") {
+				if r.level == slog.LevelWarn && r.attrs["idem.key"].String() == key {
+					found = true
 				}
-				r.Attrs(func(a slog.Attr) bool {
-					if a.Key == "idem.key" && a.Value.String() == key {
-						found = true
-					}
-					return true
-				})
 			}
-			assert.True(t, found, "a Warn record with idem.key=%s among %d records", key, len(logs.recs))
+			assert.True(t, found, "a Warn record with idem.key=%s among %d records", key, logs.len())
 		})
 	})
 }
