@@ -717,6 +717,34 @@ func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Ope
 	return out, errors.Join(errs...)
 }
 
+// Walk returns up to limit records of any state with keys after after
+// ("" starts at the first), in key order, without their requests: for
+// tools that list or count what the journal holds. It changes nothing. A
+// record that cannot be read is returned as Pending returns one.
+func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operation, error) {
+	if err := s.settle(ctx); err != nil {
+		return nil, err
+	}
+	var (
+		out  []Operation
+		errs []error
+	)
+	err := s.f.view(func(tx *bolt.Tx) error {
+		out, errs = nil, nil
+		return walk(tx, after, false, func(op Operation, err error) bool {
+			if err != nil {
+				errs = append(errs, err)
+			}
+			out = append(out, op)
+			return limit <= 0 || len(out) < limit
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("walk: %w", err)
+	}
+	return out, errors.Join(errs...)
+}
+
 // Claim implements KeyStore. It returns once the leases are durable. It
 // looks for candidates in a read transaction, so that walking the journal
 // does not hold up the writer, and then leases, in one commit, those that
@@ -808,6 +836,14 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 // until fn returns false. A record it cannot read is passed with only its
 // key and the error: it may be a pending one.
 func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) error {
+	return walk(tx, after, true, fn)
+}
+
+// walk calls fn for the records after after, in key order, until fn returns
+// false: the pending ones with their requests, or (pendingOnly false)
+// every record without its request. A record it cannot read is passed with
+// only its key, LastError and the error.
+func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(Operation, error) bool) error {
 	ops, err := opsOf(tx)
 	if err != nil {
 		return err
@@ -822,7 +858,7 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 			continue
 		}
 		state, err := codec.Check(v)
-		if err == nil && State(state) != StatePending {
+		if err == nil && pendingOnly && State(state) != StatePending {
 			continue
 		}
 		key := string(k)
@@ -836,10 +872,14 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 		var op Operation
 		if err == nil {
 			op = fromRecord(key, &r)
-			err = loadBody(ops, &r, &op)
+			if pendingOnly {
+				err = loadBody(ops, &r, &op)
+			} else {
+				op.Header, op.Body = nil, nil
+			}
 		}
 		if err != nil {
-			err = fmt.Errorf("pending %w", err)
+			err = fmt.Errorf("record %w", err)
 			if !fn(Operation{Key: key, LastError: err.Error()}, err) {
 				return nil
 			}

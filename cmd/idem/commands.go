@@ -145,15 +145,24 @@ type listing struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// readPending reads the pending operations for ls and pending. A failure
-// to read some records is reported in the listing, not as an error.
-func (c *cli) readPending() (l listing, err error) {
+// readPending reads the pending operations for pending, or every
+// operation for ls (all). A failure to read some records is reported in
+// the listing, not as an error.
+func (c *cli) readPending(all bool) (l listing, err error) {
 	s, err := c.open()
 	if err != nil {
 		return l, err
 	}
 	defer closeStore(s, &err)
-	ops, perr := allPending(c.ctx, s)
+	var (
+		ops  []idem.Operation
+		perr error
+	)
+	if all {
+		ops, perr = allRecords(c.ctx, s)
+	} else {
+		ops, perr = allPending(c.ctx, s)
+	}
 	l.Operations = make([]opView, 0, len(ops))
 	for _, op := range ops {
 		if op.State == 0 {
@@ -170,9 +179,10 @@ func (c *cli) readPending() (l listing, err error) {
 	return l, nil
 }
 
-// ls lists the pending operations, one line each.
+// ls lists every operation in the journal, pending and finished, one
+// line each.
 func (c *cli) ls(_ []string) error {
-	l, err := c.readPending()
+	l, err := c.readPending(true)
 	if err != nil {
 		return err
 	}
@@ -187,7 +197,13 @@ func (c *cli) ls(_ []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.out, "%d pending. Finished operations are not listed; see one with \"idem show KEY|NAME\".\n", len(l.Operations))
+	pending := 0
+	for _, v := range l.Operations {
+		if v.State == idem.StatePending.String() {
+			pending++
+		}
+	}
+	fmt.Fprintf(c.out, "%d operations, %d pending.\n", len(l.Operations), pending)
 	return c.unreadable(l)
 }
 
@@ -201,7 +217,7 @@ func (c *cli) unreadable(l listing) error {
 
 // pending lists the pending operations with what Resume can do for them.
 func (c *cli) pending(_ []string) error {
-	l, err := c.readPending()
+	l, err := c.readPending(false)
 	if err != nil {
 		return err
 	}
@@ -454,6 +470,15 @@ func (c *cli) stats(_ []string) (err error) {
 		return perr
 	}
 	st := statsView{FileSize: fi.Size(), ByState: map[string]int{idem.StatePending.String(): 0}}
+	every, werr := allRecords(c.ctx, s)
+	if werr != nil && len(every) == 0 {
+		return werr
+	}
+	for _, op := range every {
+		if op.State.Finished() {
+			st.ByState[op.State.String()]++
+		}
+	}
 	var oldest time.Time
 	for _, op := range ops {
 		if op.State == 0 {
@@ -491,7 +516,9 @@ func (c *cli) stats(_ []string) (err error) {
 		if st.Unreadable > 0 {
 			fmt.Fprintf(tw, "unreadable\t%d\n", st.Unreadable)
 		}
-		fmt.Fprintf(tw, "finished\tnot counted (the journal offers no walk over finished operations)\n")
+		for _, state := range []idem.State{idem.StateSucceeded, idem.StateFailed, idem.StateExpired} {
+			fmt.Fprintf(tw, "%s\t%d\n", state, st.ByState[state.String()])
+		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}

@@ -55,7 +55,7 @@ const usageText = `usage: idem [--journal PATH] [--json] [--lock-timeout D] COMM
 Reads and tends an idem journal (the bbolt file of idem.Open).
 
 Commands:
-  ls                 list the pending operations, one line each
+  ls                 list every operation, pending and finished, one line each
   show KEY|NAME      show one operation (finished ones too) [--body: with
                      its journaled request headers and body]
   pending            the pending operations in detail: last outcome, lease,
@@ -253,6 +253,25 @@ func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) 
 	)
 	for after := ""; ; {
 		page, err := s.Pending(ctx, after, pendingPage)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		ops = append(ops, page...)
+		if len(page) < pendingPage {
+			return ops, errors.Join(errs...)
+		}
+		after = page[len(page)-1].Key
+	}
+}
+
+// allRecords reads every record of s, of any state, without requests.
+func allRecords(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
+	var (
+		ops  []idem.Operation
+		errs []error
+	)
+	for after := ""; ; {
+		page, err := s.Walk(ctx, after, pendingPage)
 		if err != nil {
 			errs = append(errs, err)
 		}

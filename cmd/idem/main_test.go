@@ -160,7 +160,14 @@ func TestLsAndPending(t *testing.T) {
 			for _, v := range l.Operations {
 				byName[v.Name] = v
 			}
-			require.Len(t, byName, 2, "only the pending operations: %+v", l.Operations)
+			if cmd == "ls" {
+				// ls lists finished operations too.
+				require.Len(t, byName, 3, "every operation: %+v", l.Operations)
+				assert.Equal(t, "succeeded", byName["pay:ok"].State)
+				assert.Nil(t, byName["pay:ok"].Body)
+				delete(byName, "pay:ok")
+			}
+			require.Len(t, byName, 2, "the pending operations: %+v", l.Operations)
 			lost := byName["pay:lost"]
 			assert.Equal(t, j.keys["pay:lost"], lost.Key)
 			assert.Equal(t, "pending", lost.State)
@@ -178,8 +185,13 @@ func TestLsAndPending(t *testing.T) {
 			require.Equal(t, exitOK, r.code, r.stderr)
 			assert.Contains(t, r.stdout, "KEY")
 			assert.Contains(t, r.stdout, j.keys["pay:lost"])
-			assert.NotContains(t, r.stdout, j.keys["pay:ok"])
-			assert.Contains(t, r.stdout, "2 pending")
+			if cmd == "ls" {
+				assert.Contains(t, r.stdout, j.keys["pay:ok"])
+				assert.Contains(t, r.stdout, "3 operations, 2 pending")
+			} else {
+				assert.NotContains(t, r.stdout, j.keys["pay:ok"])
+				assert.Contains(t, r.stdout, "2 pending")
+			}
 			assert.NotContains(t, r.stdout, "tok_visa", "no bodies")
 			assert.NotContains(t, r.stdout, "sk_live", "no secrets")
 		})
@@ -235,7 +247,7 @@ func TestStats(t *testing.T) {
 	fi, err := os.Stat(j.path)
 	require.NoError(t, err)
 	assert.Equal(t, fi.Size(), st.FileSize)
-	assert.Equal(t, map[string]int{"pending": 2}, st.ByState)
+	assert.Equal(t, map[string]int{"pending": 2, "succeeded": 1}, st.ByState)
 	require.NotNil(t, st.OldestPending)
 	assert.Greater(t, st.OldestPendingAge, 0.0)
 	assert.Equal(t, 1, st.NeedCredentials)
