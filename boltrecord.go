@@ -1,0 +1,172 @@
+// The bbolt journal's records: buckets, the mapping between an Operation
+// and its codec record, and bodies stored apart.
+
+package idem
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+	"unsafe"
+
+	"github.com/idemgo/idem/internal/codec"
+	bolt "go.etcd.io/bbolt"
+)
+
+// opsOf returns the ops bucket of tx.
+func opsOf(tx *bolt.Tx) (*bolt.Bucket, error) {
+	b := tx.Bucket(bucketOps)
+	if b == nil {
+		return nil, fmt.Errorf("%w: the ops bucket is missing", ErrJournalCorrupt)
+	}
+	b.FillPercent = opsFill
+	return b, nil
+}
+
+func namesOf(tx *bolt.Tx) (*bolt.Bucket, error) {
+	b := tx.Bucket(bucketNames)
+	if b == nil {
+		return nil, fmt.Errorf("%w: the names bucket is missing", ErrJournalCorrupt)
+	}
+	return b, nil
+}
+
+func toNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// Record flags.
+const (
+	flagRedacted     = 1 << 0
+	flagUnreplayable = 1 << 1
+	// flagBodyApart: the body is not in the record but under the
+	// record's key followed by a NUL byte (bodyKey), right after it in
+	// the same B+tree. Keys are visible ASCII, so no key ends in NUL.
+	flagBodyApart = 1 << 2
+)
+
+// bodyApart is the body size from which a body is stored apart from its
+// record: a large body is then put as it is, where inline it would be
+// copied into the record first.
+const bodyApart = 32 << 10
+
+// bodyKey returns the key under which the body of the record under key is
+// stored apart.
+func bodyKey(key string) []byte {
+	k := make([]byte, len(key)+1)
+	copy(k, key)
+	return k
+}
+
+// isBodyKey reports whether k is a body stored apart, not a record.
+func isBodyKey(k []byte) bool { return len(k) > 0 && k[len(k)-1] == 0 }
+
+// loadBody sets op.Body from the body stored apart if r says so.
+func loadBody(ops *bolt.Bucket, r *codec.Record, op *Operation) error {
+	if r.Flags&flagBodyApart == 0 {
+		return nil
+	}
+	v := ops.Get(bodyKey(op.Key))
+	if v == nil {
+		return fmt.Errorf("record %q: %w: its body is missing", op.Key, ErrJournalCorrupt)
+	}
+	op.Body = bytes.Clone(v)
+	return nil
+}
+
+const (
+	_ = 0
+)
+
+func toRecord(op *Operation) codec.Record {
+	var flags uint8
+	if op.Redacted {
+		flags |= flagRedacted
+	}
+	if op.Unreplayable {
+		flags |= flagUnreplayable
+	}
+	return codec.Record{
+		Name: op.Name, Method: op.Method, URL: op.URL, Host: op.Host,
+		Fingerprint: op.Fingerprint, State: uint8(op.State), Flags: flags,
+		Attempts: int64(op.Attempts), LastStatus: int64(op.LastStatus), LastError: op.LastError,
+		Created: toNanos(op.Created), Updated: toNanos(op.Updated), LeaseUntil: toNanos(op.LeaseUntil),
+		Owner: op.Owner, Header: op.Header, Body: op.Body,
+	}
+}
+
+func fromRecord(key string, r *codec.Record) Operation {
+	return Operation{
+		Key: key, Name: r.Name, Method: r.Method, URL: r.URL, Host: r.Host,
+		Fingerprint: r.Fingerprint, State: State(r.State),
+		Redacted: r.Flags&flagRedacted != 0, Unreplayable: r.Flags&flagUnreplayable != 0,
+		Attempts: int(r.Attempts), LastStatus: int(r.LastStatus), LastError: r.LastError,
+		Created: fromNanos(r.Created), Updated: fromNanos(r.Updated), LeaseUntil: fromNanos(r.LeaseUntil),
+		Owner: r.Owner, Header: http.Header(r.Header), Body: r.Body,
+	}
+}
+
+// codecErr maps a codec error about the record under key to
+// ErrRecordVersion or ErrJournalCorrupt.
+func codecErr(key string, err error) error {
+	if errors.Is(err, codec.ErrVersion) {
+		return fmt.Errorf("record %q: %w: %w", key, ErrRecordVersion, err)
+	}
+	return fmt.Errorf("record %q: %w: %w", key, ErrJournalCorrupt, err)
+}
+
+// loadOp returns the record for key with its request, or ErrNotFound.
+func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
+	v := ops.Get([]byte(key))
+	if v == nil {
+		return Operation{}, fmt.Errorf("%q: %w", key, ErrNotFound)
+	}
+	var r codec.Record
+	if err := codec.Decode(v, &r); err != nil {
+		return Operation{}, codecErr(key, err)
+	}
+	op := fromRecord(key, &r)
+	return op, loadBody(ops, &r, &op)
+}
+
+// change rewrites the record for key in one new buffer: it reads the
+// record's head (aliasing tx memory, so r must not outlive the call) and
+// its raw request section, lets fn change them, and puts the result. fn
+// returns the request section to keep (req, or nil to drop it), or an
+// error that leaves the record as it was.
+func change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	v := ops.Get(unsafe.Slice(unsafe.StringData(key), len(key)))
+	if v == nil {
+		return fmt.Errorf("%q: %w", key, ErrNotFound)
+	}
+	var r codec.Record
+	req, err := codec.DecodeHeadAlias(v, &r)
+	if err != nil {
+		return codecErr(key, err)
+	}
+	if req, err = fn(&r, req); err != nil {
+		return err
+	}
+	buf := make([]byte, 0, codec.HeadSize(&r)+max(len(req), 1))
+	return ops.Put(unsafe.Slice(unsafe.StringData(key), len(key)), codec.AppendWithRequest(buf, &r, req))
+}
+
+// encodeKV encodes r under key in one buffer and returns key and value.
+func encodeKV(key string, r *codec.Record) (k, v []byte) {
+	buf := make([]byte, len(key), len(key)+codec.Size(r))
+	copy(buf, key)
+	buf = codec.Append(buf, r)
+	return buf[:len(key)], buf[len(key):]
+}
