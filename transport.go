@@ -60,7 +60,11 @@ import (
 //
 // Transport is safe for concurrent use. As the RoundTripper contract asks,
 // it closes the request body, also on errors, and does not modify the
-// request. The zero Transport has no journal and refuses every request.
+// request. Close every response body, as net/http asks: an answer whose
+// body is never read to its end nor closed keeps its operation in flight,
+// so later calls of the same key or name wait for it until their context
+// ends, and Client.Close waits for it up to its bound. The zero Transport
+// has no journal and refuses every request.
 type Transport struct {
 	cfg config
 	j   *journal
