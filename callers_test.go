@@ -315,3 +315,24 @@ func TestResendMatchKeepsPrincipalsApart(t *testing.T) {
 		})
 	}
 }
+
+// TestResendAfterFinal409KeepsKey: a 409 "in progress" that ends a call's
+// attempts is no definite answer, so the caller's own resend must keep the
+// key: the first request may still be running at the server.
+func TestResendAfterFinal409KeepsKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{resp(409), resp(409), resp(201)}}
+		c, _ := newTestClient(rt, idem.WithMaxAttempts(2))
+		defer c.Close()
+		r, err := post(t, context.Background(), c.HTTPClient(), `{"amount":7}`)
+		require.NoError(t, err)
+		require.Equal(t, 409, r.StatusCode)
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		r, err = post(t, context.Background(), c.HTTPClient(), `{"amount":7}`)
+		require.NoError(t, err)
+		r.Body.Close()
+		require.Len(t, rt.sent, 3)
+		assert.Equal(t, rt.sent[0].key, rt.sent[2].key, "the resend after a final 409 kept the key")
+	})
+}

@@ -90,6 +90,20 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 	}
 }
 
+// definite reports whether rec records an answer a resend must never be
+// merged into: a success, a permanent failure, or an expiry. A failure
+// with a transient status, or a 409 (which may mean "in progress"), is not
+// definite.
+func definite(rec *Operation) bool {
+	switch rec.State {
+	case StateSucceeded, StateExpired:
+		return true
+	case StateFailed:
+		return !transientStatus(rec.LastStatus) && rec.LastStatus != http.StatusConflict
+	}
+	return false
+}
+
 // errMatchSettled says that the record a recent call's key points to has a
 // definite answer by now, so the call is a new operation.
 var errMatchSettled = errors.New("idem: the matched operation has a definite answer")
@@ -115,8 +129,7 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
 		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
 	}
-	if matched && (rec.State == StateSucceeded || rec.State == StateExpired ||
-		rec.State == StateFailed && !transientStatus(rec.LastStatus)) {
+	if matched && definite(&rec) {
 		return nil, nil, errMatchSettled
 	}
 	if rec.Fingerprint != op.Fingerprint {
