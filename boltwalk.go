@@ -17,27 +17,7 @@ import (
 // Pending implements KeyStore. It walks the records in key order from
 // after.
 func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
-	if err := s.settle(ctx); err != nil {
-		return nil, err
-	}
-	var (
-		out  []Operation
-		errs []error
-	)
-	err := s.f.view(func(tx *bolt.Tx) error {
-		out, errs = nil, nil
-		return walkPending(tx, after, func(op Operation, err error) bool {
-			if err != nil {
-				errs = append(errs, err)
-			}
-			out = append(out, op)
-			return limit <= 0 || len(out) < limit
-		})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pending: %w", err)
-	}
-	return out, errors.Join(errs...)
+	return s.list(ctx, after, limit, true)
 }
 
 // Walk returns up to limit records of any state with keys after after
@@ -45,6 +25,11 @@ func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Ope
 // tools that list or count what the journal holds. It changes nothing. A
 // record that cannot be read is returned as Pending returns one.
 func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operation, error) {
+	return s.list(ctx, after, limit, false)
+}
+
+// list is Pending (pendingOnly) and Walk.
+func (s *BoltStore) list(ctx context.Context, after string, limit int, pendingOnly bool) ([]Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
@@ -54,7 +39,7 @@ func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operat
 	)
 	err := s.f.view(func(tx *bolt.Tx) error {
 		out, errs = nil, nil
-		return walk(tx, after, false, func(op Operation, err error) bool {
+		return walk(tx, after, pendingOnly, func(op Operation, err error) bool {
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -63,7 +48,7 @@ func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operat
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("walk: %w", err)
+		return nil, fmt.Errorf("list: %w", err)
 	}
 	return out, errors.Join(errs...)
 }

@@ -247,31 +247,22 @@ const pendingPage = 500
 // allPending reads every pending operation. Records the store could not
 // read are returned with State 0 and LastError set, and err says so.
 func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) {
-	var (
-		ops  []idem.Operation
-		errs []error
-	)
-	for after := ""; ; {
-		page, err := s.Pending(ctx, after, pendingPage)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		ops = append(ops, page...)
-		if len(page) < pendingPage {
-			return ops, errors.Join(errs...)
-		}
-		after = page[len(page)-1].Key
-	}
+	return allPages(ctx, s.Pending)
 }
 
 // allRecords reads every record of s, of any state, without requests.
 func allRecords(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
+	return allPages(ctx, s.Walk)
+}
+
+// allPages reads every page of a listing in key order.
+func allPages(ctx context.Context, list func(ctx context.Context, after string, limit int) ([]idem.Operation, error)) ([]idem.Operation, error) {
 	var (
 		ops  []idem.Operation
 		errs []error
 	)
 	for after := ""; ; {
-		page, err := s.Walk(ctx, after, pendingPage)
+		page, err := list(ctx, after, pendingPage)
 		if err != nil {
 			errs = append(errs, err)
 		}
