@@ -17,7 +17,7 @@ type inflight struct {
 
 // flightEntry is one operation in flight.
 type flightEntry struct {
-	done  chan struct{} // closed by release
+	done  chan struct{} // made when a call first waits; closed by release
 	key   string        // the journaled key, once known
 	since time.Time     // when it was marked in flight
 }
@@ -56,6 +56,9 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 	defer f.mu.Unlock()
 	for _, id := range fs.ids[:fs.n] {
 		if e, busy := f.ids[id]; busy {
+			if e.done == nil {
+				e.done = make(chan struct{})
+			}
 			return e.done, e.key
 		}
 	}
@@ -63,7 +66,7 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 		f.ids = make(map[flightID]*flightEntry)
 	}
 	if fs.e == nil {
-		fs.e = &flightEntry{done: make(chan struct{}), since: time.Now()}
+		fs.e = &flightEntry{since: time.Now()}
 		if fs.n == 1 { // a key of its own; a name's key is known once reserved
 			fs.e.key = fs.ids[0].id
 		}
@@ -89,6 +92,9 @@ func (f *inflight) rekey(fs *flights, key string) (wait <-chan struct{}) {
 	defer f.mu.Unlock()
 	id := flightID{id: key}
 	if e, busy := f.ids[id]; busy && e != fs.e {
+		if e.done == nil {
+			e.done = make(chan struct{})
+		}
 		return e.done
 	}
 	if f.ids[fs.ids[0]] == fs.e {
@@ -109,7 +115,7 @@ func (f *inflight) release(fs flights) {
 			delete(f.ids, id)
 		}
 	}
-	if fs.e != nil {
+	if fs.e != nil && fs.e.done != nil {
 		close(fs.e.done)
 	}
 }

@@ -206,6 +206,9 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 			}
 		}
 	}
+	if len(creds) == 0 {
+		return fp // no credentials: the payload alone
+	}
 	slices.Sort(creds)
 	d := sha256.New()
 	d.Write(fp[:])

@@ -42,6 +42,19 @@ type operation struct {
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	answer     answerBody            // the body handed to the caller
+	first      bodyReader            // the body of the first attempt
+	keyValue   [1]string             // the key header's value
+}
+
+// body returns the request body for an attempt: the journaled body, read
+// by a reader the operation holds for the first attempt, or a fresh one
+// from rewind.
+func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.ReadCloser, error) {
+	if o != nil && attempt == 1 && len(o.rec.Body) > 0 {
+		o.first.Reset(o.rec.Body)
+		return &o.first, nil
+	}
+	return rewind()
 }
 
 // begin reserves op in the journal, or takes over the record that has its

@@ -122,9 +122,10 @@ func headerKey(h http.Header, name string) string {
 	return ""
 }
 
-// outgoingHeader returns a copy of h with key as the only value of the key
-// header, whatever spelling the caller used.
-func outgoingHeader(h http.Header, name, key string) http.Header {
+// outgoingHeader returns a copy of h with value (the key, in a slice the
+// caller owns) as the only value of the key header, whatever spelling the
+// caller used.
+func outgoingHeader(h http.Header, name string, value []string) http.Header {
 	out := make(http.Header, len(h)+1)
 	for k, v := range h {
 		if k != name && strings.EqualFold(k, name) {
@@ -132,7 +133,7 @@ func outgoingHeader(h http.Header, name, key string) http.Header {
 		}
 		out[k] = v
 	}
-	out[name] = []string{key}
+	out[name] = value
 	return out
 }
 
@@ -162,7 +163,7 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 		}
 		return body, nil, req.Body.Close()
 	}
-	body, err = io.ReadAll(io.LimitReader(req.Body, limit+1))
+	body, err = readAtMost(req.Body, limit+1)
 	if err != nil {
 		req.Body.Close()
 		return nil, nil, err
@@ -171,6 +172,26 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 		return body, req.Body, nil
 	}
 	return body, nil, req.Body.Close()
+}
+
+// readAtMost reads r to its end or to n bytes, whichever comes first, as
+// io.ReadAll(io.LimitReader(r, n)) does without the LimitedReader.
+func readAtMost(r io.Reader, n int64) ([]byte, error) {
+	b := make([]byte, 0, min(n, 512))
+	for int64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow the buffer
+		}
+		m, err := r.Read(b[len(b):min(int64(cap(b)), n)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // closeBody closes a request's body, as a RoundTripper must even on errors.

@@ -203,7 +203,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
-	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, rec.Key)
+	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, []string{rec.Key})
 	if rec.Host != "" {
 		req.Host = rec.Host
 	}

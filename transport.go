@@ -156,7 +156,8 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	o.match = mk
 
 	out := req.WithContext(o.traced(ctx))
-	out.Header = outgoingHeader(req.Header, t.cfg.header, o.rec.Key)
+	o.keyValue[0] = o.rec.Key
+	out.Header = outgoingHeader(req.Header, t.cfg.header, o.keyValue[:])
 	out.Body = nil
 	if rest != nil {
 		out.GetBody = req.GetBody
@@ -201,11 +202,15 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 	tries := 0
 	t.cfg.budget.deposit(host)
 	for attempt := 1; ; attempt++ {
+		// A keyed request is our own copy: its first attempt sends it;
+		// every later attempt sends a copy with a fresh body.
 		r := req
-		if o != nil || attempt > 1 {
+		if attempt > 1 {
 			r = new(http.Request)
 			*r = *req
-			b, err := rewind()
+		}
+		if o != nil || attempt > 1 {
+			b, err := o.body(attempt, rewind)
 			if err != nil {
 				return nil, o.stop(ErrNotRetryable, fmt.Errorf("idem: rewinding the request body: %w", err))
 			}
