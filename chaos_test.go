@@ -206,11 +206,7 @@ func childChaos() int {
 	for range workers {
 		wg.Go(func() {
 			for i := range jobs {
-				drive := chaosDrive
-				if i >= n {
-					drive = chaosDriveUnnamed
-				}
-				if !drive(ctx, client.HTTPClient(), url, i) {
+				if !chaosDrive(ctx, client.HTTPClient(), url, i, i < n) {
 					crashtest.Emit("gaveup", chaosName(i))
 					mu.Lock()
 					failed++
@@ -242,10 +238,13 @@ func childChaos() int {
 	return 0
 }
 
-// chaosDrive sends operation i by name until it gets a 2xx answer that is
-// its own, trying a bounded number of times, and reports whether it did.
-// Between tries it only sleeps: the name carries the key.
-func chaosDrive(ctx context.Context, hc *http.Client, url string, i int) bool {
+// chaosDrive sends operation i until it gets a 2xx answer that is its own,
+// trying a bounded number of times, and reports whether it did. By name,
+// between tries it only sleeps: the name carries the key. Without a name
+// it plays a caller that retries on its own, as an SDK's retry loop does:
+// each try is a fresh request with the same payload and no key, and idem
+// must take every try after a failure for a resend of the same operation.
+func chaosDrive(ctx context.Context, hc *http.Client, url string, i int, named bool) bool {
 	name := chaosName(i)
 	for try := range 10 {
 		if try > 0 {
@@ -255,54 +254,24 @@ func chaosDrive(ctx context.Context, hc *http.Client, url string, i int) bool {
 				return false
 			}
 		}
-		octx, cancel := context.WithTimeout(idem.WithOperation(ctx, name), 30*time.Second)
+		octx := ctx
+		if named {
+			octx = idem.WithOperation(ctx, name)
+		}
+		octx, cancel := context.WithTimeout(octx, 30*time.Second)
 		req, err := http.NewRequestWithContext(octx, http.MethodPost, url+chaosPath, strings.NewReader(chaosBody(i)))
 		if err != nil {
 			cancel()
 			return false
 		}
 		req.Header.Set("Content-Type", "application/json")
+		if !named {
+			req.Header.Set("X-Retry-Count", strconv.Itoa(try)) // volatile, as an SDK's
+		}
 		resp, err := hc.Do(req)
 		if err != nil {
 			cancel()
-			continue // in doubt: the same name is the same key
-		}
-		ok := chaosAnswerOK(resp, name)
-		cancel()
-		if ok {
-			crashtest.Emit("done", name, strconv.Itoa(resp.StatusCode))
-			return true
-		}
-	}
-	return false
-}
-
-// chaosDriveUnnamed is a caller that retries on its own, as an SDK's retry
-// loop does: each try is a fresh request with the same payload and no name
-// or key, sent again after an error or a non-2xx answer. idem must take
-// every try after a failure for a resend of the same operation.
-func chaosDriveUnnamed(ctx context.Context, hc *http.Client, url string, i int) bool {
-	name := chaosName(i)
-	for try := range 10 {
-		if try > 0 {
-			select {
-			case <-time.After(5 * time.Millisecond):
-			case <-ctx.Done():
-				return false
-			}
-		}
-		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		req, err := http.NewRequestWithContext(octx, http.MethodPost, url+chaosPath, strings.NewReader(chaosBody(i)))
-		if err != nil {
-			cancel()
-			return false
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Retry-Count", strconv.Itoa(try)) // volatile, as an SDK's
-		resp, err := hc.Do(req)
-		if err != nil {
-			cancel()
-			continue
+			continue // in doubt: the same name, or the same payload, is the same key
 		}
 		ok := chaosAnswerOK(resp, name)
 		cancel()

@@ -9,9 +9,9 @@ import (
 // net/http/httptrace.ClientTrace: every field is optional and a nil one
 // costs nothing. Set them for a Client with WithHooks, or for the requests
 // of one context with WithRequestHooks; both are called when both are set.
-// Hooks are called synchronously on the goroutine doing the work, some
-// with locks held by none of idem's callers: keep them quick, and do not
-// call back into the Client from them.
+// Hooks are called synchronously on the goroutine doing the work (the
+// caller's, Resume's, or the journal's writer for JournalCommit): keep
+// them quick, and do not call back into the Client from them.
 type Hooks struct {
 	// AttemptDone is called after each attempt with what it got.
 	AttemptDone func(AttemptInfo)
@@ -110,15 +110,10 @@ func hooksFor(ctx context.Context, client *Hooks) hookSet {
 	return hookSet{client, h}
 }
 
-func info(op *Operation, state State, attempts int) OperationInfo {
-	return OperationInfo{Key: op.Key, Name: op.Name, Method: op.Method, URL: op.URL, State: state, Attempts: attempts}
-}
-
 // info returns the operation's OperationInfo in state.
 func (o *operation) info(state State) OperationInfo {
-	i := info(&o.rec, state, o.written)
-	i.Resend = o.resend
-	return i
+	r := &o.rec
+	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend}
 }
 
 func (hs hookSet) attemptDone(a AttemptInfo) {

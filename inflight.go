@@ -134,15 +134,6 @@ func (f *inflight) runningSince(t time.Time) (keys []string, busy bool) {
 	return keys, len(f.ids) > 0
 }
 
-// busy reports whether the operation with key or name is in flight.
-func (f *inflight) busy(key, name string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, k := f.ids[flightID{id: key}]
-	_, n := f.ids[flightID{name: true, id: name}]
-	return k || n && name != ""
-}
-
 // calls counts the live calls of a Transport, so that Close can wait for
 // them, and refuses new ones once closing began.
 type calls struct {

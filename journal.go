@@ -96,7 +96,7 @@ func (j *journal) maybeSweep() {
 	}()
 }
 
-// lease returns a lease for this process that starts now.
+// newLease returns a lease for this process that starts at now.
 func (j *journal) newLease(now time.Time) Lease {
 	return Lease{Owner: j.owner, At: now, Until: now.Add(j.lease)}
 }

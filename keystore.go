@@ -179,7 +179,8 @@ type KeyStore interface {
 	// Renew extends l.Owner's lease on the pending record for key to
 	// l.Until (which may be l.At, releasing it). It returns an error
 	// matching ErrLeaseLost if the record is not pending or another owner
-	// holds it.
+	// holds it, and one matching ErrNotFound or ErrLeaseLost if there is
+	// no record for key.
 	Renew(ctx context.Context, key string, l Lease) error
 
 	// Get returns the record for key, or an error matching ErrNotFound.

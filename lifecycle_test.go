@@ -515,3 +515,33 @@ func TestShutdownWithResumeRunning(t *testing.T) {
 		})
 	})
 }
+
+// TestClientPendingAndSecretQueryParams: Client.Pending lists what is in
+// doubt without its request, and a query parameter named secret stays out
+// of the journal (a resend then needs the prepare hook).
+func TestClientPendingAndSecretQueryParams(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{fail(errReset)}}
+		c, store := newTestClient(rt, idem.WithMaxAttempts(1), idem.WithSecretQueryParams("session"))
+		defer c.Close()
+		req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges?session=S3CR3T&order=7", strings.NewReader(`{"n":1}`))
+		require.NoError(t, err)
+		_, err = c.HTTPClient().Do(req)
+		require.Error(t, err)
+		require.Len(t, rt.sent, 1)
+
+		ops, err := c.Pending(context.Background(), "", 0)
+		require.NoError(t, err)
+		require.Len(t, ops, 1)
+		assert.Equal(t, rt.sent[0].key, ops[0].Key)
+		assert.Nil(t, ops[0].Body, "Client.Pending hands out no request")
+		assert.Nil(t, ops[0].Header)
+
+		rec, err := store.Get(context.Background(), ops[0].Key)
+		require.NoError(t, err)
+		assert.NotContains(t, rec.URL, "S3CR3T", "a named secret query parameter is not journaled")
+		assert.Contains(t, rec.URL, "order=7")
+		assert.True(t, rec.Redacted)
+		assert.NotEmpty(t, rec.Body, "the store keeps the request")
+	})
+}

@@ -18,8 +18,9 @@ import (
 // only an error after a request may have gone out; or failed unsent.
 // RoundTrip and Resume both drive it; it calls only the journal below it.
 //
-// Its methods are safe on a nil *operation, which stands for a request
-// without a key: they then do nothing.
+// The methods the retry loop calls (key, name, takeWrites, attempted,
+// recordAttempt, body, deliver, stop) are safe on a nil *operation, which
+// stands for a request without a key: they then do nothing of their own.
 type operation struct {
 	j   *journal
 	rec Operation // the journaled record; Header and Body are the request

@@ -737,13 +737,6 @@ func isTrue(t *testing.T, cond bool, msg ...any) {
 	}
 }
 
-func noError(t *testing.T, err error, msg ...any) {
-	t.Helper()
-	if err != nil {
-		t.Errorf("%sunexpected error: %v", msgOf(msg), err)
-	}
-}
-
 func mustNoError(t *testing.T, err error, msg ...any) {
 	t.Helper()
 	if err != nil {

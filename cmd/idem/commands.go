@@ -145,10 +145,10 @@ type listing struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// readPending reads the pending operations for pending, or every
+// readListing reads the pending operations for pending, or every
 // operation for ls (all). A failure to read some records is reported in
 // the listing, not as an error.
-func (c *cli) readPending(all bool) (l listing, err error) {
+func (c *cli) readListing(all bool) (l listing, err error) {
 	s, err := c.open()
 	if err != nil {
 		return l, err
@@ -182,19 +182,8 @@ func (c *cli) readPending(all bool) (l listing, err error) {
 // ls lists every operation in the journal, pending and finished, one
 // line each.
 func (c *cli) ls(_ []string) error {
-	l, err := c.readPending(true)
+	l, err := c.readListing(true)
 	if err != nil {
-		return err
-	}
-	if c.json {
-		return c.writeJSON(l)
-	}
-	tw := c.table()
-	fmt.Fprintln(tw, "KEY\tNAME\tSTATE\tMETHOD\tURL\tATTEMPTS\tAGE")
-	for _, v := range l.Operations {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", v.Key, dash(v.Name), v.State, dash(v.Method), dash(v.URL), v.Attempts, age(v.AgeSeconds))
-	}
-	if err := tw.Flush(); err != nil {
 		return err
 	}
 	pending := 0
@@ -203,37 +192,41 @@ func (c *cli) ls(_ []string) error {
 			pending++
 		}
 	}
-	fmt.Fprintf(c.out, "%d operations, %d pending.\n", len(l.Operations), pending)
-	return c.unreadable(l)
-}
-
-// unreadable reports the pending records that could not be read.
-func (c *cli) unreadable(l listing) error {
-	if l.Unreadable > 0 || l.Error != "" {
-		return fmt.Errorf("%d pending records could not be read: %s", l.Unreadable, l.Error)
-	}
-	return nil
+	return c.printListing(l, "KEY\tNAME\tSTATE\tMETHOD\tURL\tATTEMPTS\tAGE", func(v opView) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s", v.Key, dash(v.Name), v.State, dash(v.Method), dash(v.URL), v.Attempts, age(v.AgeSeconds))
+	}, fmt.Sprintf("%d operations, %d pending.", len(l.Operations), pending))
 }
 
 // pending lists the pending operations with what Resume can do for them.
 func (c *cli) pending(_ []string) error {
-	l, err := c.readPending(false)
+	l, err := c.readListing(false)
 	if err != nil {
 		return err
 	}
+	return c.printListing(l, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND", func(v opView) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", v.Key, dash(v.Name), dash(v.Method), dash(v.URL), age(v.AgeSeconds), v.Attempts, last(v), v.Resend)
+	}, fmt.Sprintf("%d pending (in doubt: no process holds the journal, so none is in flight).", len(l.Operations)))
+}
+
+// printListing prints l as JSON, or as a table with header, one row a
+// line, and summary below; then it reports the records it could not read.
+func (c *cli) printListing(l listing, header string, row func(opView) string, summary string) error {
 	if c.json {
 		return c.writeJSON(l)
 	}
 	tw := c.table()
-	fmt.Fprintln(tw, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND")
+	fmt.Fprintln(tw, header)
 	for _, v := range l.Operations {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.Key, dash(v.Name), dash(v.Method), dash(v.URL), age(v.AgeSeconds), v.Attempts, last(v), v.Resend)
+		fmt.Fprintln(tw, row(v))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.out, "%d pending (in doubt: no process holds the journal, so none is in flight).\n", len(l.Operations))
-	return c.unreadable(l)
+	fmt.Fprintln(c.out, summary)
+	if l.Unreadable > 0 || l.Error != "" {
+		return fmt.Errorf("%d records could not be read: %s", l.Unreadable, l.Error)
+	}
+	return nil
 }
 
 // show prints one operation.
