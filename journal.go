@@ -32,9 +32,10 @@ type journal struct {
 	// monotonic reading).
 	anchor, opened time.Time
 
-	renewMu                  sync.Mutex
-	renewT                   *time.Timer
-	renewArmed, renewStopped bool
+	renewMu      sync.Mutex
+	renewT       *time.Timer
+	renewArmed   atomic.Bool // read without renewMu on the hot path, written under it
+	renewStopped bool
 }
 
 // lastChanger is implemented by stores that know when they last changed.
@@ -125,12 +126,15 @@ func (j *journal) tooOld(rec *Operation, now time.Time) error {
 // flight is due within a third of a lease. The timer runs only while
 // operations are in flight, so an idle Client has nothing running.
 func (j *journal) armRenewal() {
+	if j.renewArmed.Load() {
+		return // the common case: a renewal is due already
+	}
 	j.renewMu.Lock()
 	defer j.renewMu.Unlock()
-	if j.renewArmed || j.renewStopped {
+	if j.renewArmed.Load() || j.renewStopped {
 		return
 	}
-	j.renewArmed = true
+	j.renewArmed.Store(true)
 	if j.renewT == nil {
 		j.renewT = time.AfterFunc(j.lease/3, j.renewLeases)
 	} else {
@@ -142,6 +146,11 @@ func (j *journal) armRenewal() {
 // for a third of a lease or longer, and arms the next renewal while any is
 // in flight.
 func (j *journal) renewLeases() {
+	// Disarm first: an operation that starts from here on arms the next
+	// renewal itself, and one that started before is seen as busy below.
+	j.renewMu.Lock()
+	j.renewArmed.Store(false)
+	j.renewMu.Unlock()
 	now := time.Now()
 	keys, busy := j.flight.runningSince(now.Add(-j.lease / 3))
 	for _, key := range keys {
@@ -150,9 +159,6 @@ func (j *journal) renewLeases() {
 			j.log.Warn("idem: renewing operation lease", "idem.key", key, "err", err)
 		}
 	}
-	j.renewMu.Lock()
-	j.renewArmed = false
-	j.renewMu.Unlock()
 	if busy {
 		j.armRenewal()
 	}
