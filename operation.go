@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,7 +44,7 @@ type operation struct {
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	answer     answerBody            // the body handed to the caller
-	first      bodyReader            // the body of the first attempt
+	first      bytes.Reader          // the body of the first attempt
 	keyValue   [1]string             // the key header's value
 }
 
@@ -53,7 +54,7 @@ type operation struct {
 func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.ReadCloser, error) {
 	if o != nil && attempt == 1 && len(o.rec.Body) > 0 {
 		o.first.Reset(o.rec.Body)
-		return &o.first, nil
+		return io.NopCloser(&o.first), nil
 	}
 	return rewind()
 }

@@ -208,22 +208,16 @@ func discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-// bodyReader is a journaled body read by one attempt: a bytes.Reader that
-// closes, in one allocation.
-type bodyReader struct{ bytes.Reader }
-
-// Close implements io.Closer.
-func (*bodyReader) Close() error { return nil }
-
-// bodyFunc returns a GetBody over body.
+// bodyFunc returns a GetBody over body. Its readers are what net/http
+// knows to be in memory (a *bytes.Reader behind io.NopCloser), so that it
+// writes a small request's header and body in one write instead of
+// flushing the header first.
 func bodyFunc(body []byte) func() (io.ReadCloser, error) {
 	if len(body) == 0 {
 		return func() (io.ReadCloser, error) { return http.NoBody, nil }
 	}
 	return func() (io.ReadCloser, error) {
-		r := new(bodyReader)
-		r.Reset(body)
-		return r, nil
+		return io.NopCloser(bytes.NewReader(body)), nil
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -140,4 +141,60 @@ func TestRedirects(t *testing.T) {
 	assert.Equal(t, "receipt", string(body))
 	assert.Equal(t, int64(2), posts.Load())
 	assert.Equal(t, int64(1), gets.Load())
+}
+
+// writeCounter counts the writes made on the connections it dials.
+type writeCounter struct{ writes atomic.Int64 }
+
+func (wc *writeCounter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &countedConn{Conn: c, wc: wc}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	wc *writeCounter
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	c.wc.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestSmallRequestOneWrite checks that a keyed POST with a small body
+// leaves in one write, as net/http sends a request whose body it knows to
+// be in memory: a body reader net/http does not recognise makes it flush
+// the header first, a second write (and a second TCP segment the server
+// must read) per attempt. Both the first attempt's body and a resend's
+// (GetBody) are checked.
+func TestSmallRequestOneWrite(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	wc := new(writeCounter)
+	base := &http.Transport{DialContext: wc.dial}
+	defer base.CloseIdleConnections()
+	c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(base), idem.WithBackoff(time.Millisecond, time.Millisecond))
+	defer c.Close()
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":1999}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.HTTPClient().Do(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.EqualValues(t, 2, calls.Load(), "one 503, then the resend")
+	assert.EqualValues(t, 2, wc.writes.Load(), "writes for two attempts")
 }
