@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,6 +219,7 @@ func benchSmall(b *testing.B, l lib, inflight int, url string) {
 	var wg sync.WaitGroup
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	start := time.Now()
 	for w := range inflight {
 		wg.Go(func() {
@@ -233,15 +235,29 @@ func benchSmall(b *testing.B, l lib, inflight int, url string) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
 	b.StopTimer()
 
 	all := slices.Concat(lats...)
 	slices.Sort(all)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
 	b.ReportMetric(float64(counter.n.Load())/float64(b.N), "attempts/op")
 	b.ReportMetric(float64(failed.Load())/float64(b.N), "non200/op")
+}
+
+// cpuTime returns the CPU time (user and system) this process has used:
+// the client's cost of a request, which the server in its child process
+// does not share, and which other load on a shared machine disturbs far
+// less than req/s.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // warm sends a few rounds of inflight concurrent requests.
