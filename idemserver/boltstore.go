@@ -266,15 +266,16 @@ func answer(tx *bolt.Tx, b Begin) (Claim, error) {
 	return Claim{State: StateDone, Response: r.resp}, nil
 }
 
-// change runs fn on the in-flight record id held under token and writes
-// it back; with fn nil the record is deleted.
-func (s *BoltStore) change(ctx context.Context, id, token string, fn func(*record)) error {
+// change runs fn on the in-flight record id held under token, under a
+// lease live at now, and writes it back; with fn nil the record is
+// deleted.
+func (s *BoltStore) change(ctx context.Context, id, token string, now time.Time, fn func(*record)) error {
 	return s.write(ctx, func(tx *bolt.Tx) error {
 		r, err := get(tx, id)
 		if err != nil {
 			return err
 		}
-		if r == nil || r.resp != nil || r.token != token {
+		if r == nil || r.resp != nil || r.token != token || !r.expires.After(now) {
 			return fmt.Errorf("key %s: %w", id, ErrLockLost)
 		}
 		if err := drop(tx, id); err != nil {
@@ -289,18 +290,25 @@ func (s *BoltStore) change(ctx context.Context, id, token string, fn func(*recor
 }
 
 // Renew implements Store.
-func (s *BoltStore) Renew(ctx context.Context, id, token string, until time.Time) error {
-	return s.change(ctx, id, token, func(r *record) { r.expires = until })
+func (s *BoltStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
+	return s.change(ctx, id, token, now, func(r *record) { r.expires = until })
 }
 
 // Complete implements Store.
-func (s *BoltStore) Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error {
-	return s.change(ctx, id, token, func(r *record) { r.resp, r.token, r.expires = resp, "", until })
+func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
+	if c.Response == nil {
+		return fmt.Errorf("idemserver: complete %s: nil response", c.ID)
+	}
+	resp := c.Response
+	if resp.NotKept {
+		resp = &Response{Status: resp.Status, NotKept: true}
+	}
+	return s.change(ctx, c.ID, c.Token, c.Now, func(r *record) { r.resp, r.token, r.expires = resp, "", c.Until })
 }
 
 // Release implements Store.
 func (s *BoltStore) Release(ctx context.Context, id, token string) error {
-	return s.change(ctx, id, token, nil)
+	return s.change(ctx, id, token, time.Time{}, nil)
 }
 
 // sweepChunk bounds the records one sweep transaction deletes.
@@ -424,8 +432,12 @@ func encode(r *record) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(r.expires.UnixNano()))
 	b = appendString(b, r.fingerprint)
 	b = appendString(b, r.token)
-	if r.resp == nil {
+	switch {
+	case r.resp == nil:
 		return append(b, 0)
+	case r.resp.NotKept:
+		b = append(b, 2)
+		return binary.AppendUvarint(b, uint64(r.resp.Status))
 	}
 	b = append(b, 1)
 	b = binary.AppendUvarint(b, uint64(r.resp.Status))
@@ -505,7 +517,10 @@ func decode(v []byte) (*record, error) {
 	r := &record{expires: time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))}
 	r.fingerprint = string(d.bytes())
 	r.token = string(d.bytes())
-	if d.byte() == 1 {
+	switch d.byte() {
+	case 2:
+		r.resp = &Response{Status: int(d.uvarint()), NotKept: true}
+	case 1:
 		resp := &Response{Status: int(d.uvarint()), Header: http.Header{}}
 		lines := d.uvarint()
 		for i := uint64(0); i < lines && d.err == nil; i++ {

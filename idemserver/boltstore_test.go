@@ -36,7 +36,7 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte("ok")}
-	require.NoError(t, s.Complete(ctx, "done", c.Token, resp, t0.Add(time.Hour)))
+	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
 	_, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())

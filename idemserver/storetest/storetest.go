@@ -122,6 +122,11 @@ func must(t *testing.T, op string, err error) {
 	}
 }
 
+// complete calls s.Complete with the given arguments.
+func complete(s idemserver.Store, id, token string, resp *idemserver.Response, now, until time.Time) error {
+	return s.Complete(ctx, idemserver.Completion{ID: id, Token: token, Response: resp, Now: now, Until: until})
+}
+
 func okResponse() *idemserver.Response {
 	return &idemserver.Response{
 		Status: http.StatusCreated,
@@ -159,7 +164,7 @@ func testInFlight(t *testing.T, s idemserver.Store) {
 func testMismatch(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(time.Second)), idemserver.StateMismatch)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(2*time.Second)), idemserver.StateMismatch)
 	// The mismatch changed nothing.
 	wantState(t, begin(t, s, "k1", fpA, t0.Add(3*time.Second)), idemserver.StateDone)
@@ -168,7 +173,7 @@ func testMismatch(t *testing.T, s idemserver.Store) {
 func testDone(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	// Completing moves the expiry from the lease to the retention.
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	c := begin(t, s, "k1", fpA, t0.Add(lease+time.Hour))
 	wantState(t, c, idemserver.StateDone)
 	if c.Token != "" {
@@ -210,7 +215,7 @@ func testRoundTrip(t *testing.T, s idemserver.Store) {
 	for i, want := range cases {
 		id := fmt.Sprintf("rt%d", i)
 		tok := acquire(t, s, id, fpA, t0)
-		must(t, "Complete", s.Complete(ctx, id, tok, want, t0.Add(keep)))
+		must(t, "Complete", complete(s, id, tok, want, t0, t0.Add(keep)))
 		c := begin(t, s, id, fpA, t0.Add(time.Minute))
 		wantState(t, c, idemserver.StateDone)
 		checkResponse(t, c.Response, want)
@@ -220,7 +225,7 @@ func testRoundTrip(t *testing.T, s idemserver.Store) {
 func testRetention(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	until := t0.Add(keep)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), until))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, until))
 	wantState(t, begin(t, s, "k1", fpA, until.Add(-time.Second)), idemserver.StateDone)
 	// At the expiry the record is gone, even for another payload.
 	acquire(t, s, "k1", fpB, until)
@@ -235,26 +240,26 @@ func testTakeover(t *testing.T, s idemserver.Store) {
 	if tok == old {
 		t.Fatal("takeover reused the old token")
 	}
-	wantLost(t, "Renew with the old token", s.Renew(ctx, "k1", old, t0.Add(2*lease)))
-	wantLost(t, "Complete with the old token", s.Complete(ctx, "k1", old, okResponse(), t0.Add(keep)))
+	wantLost(t, "Renew with the old token", s.Renew(ctx, "k1", old, t0.Add(lease), t0.Add(2*lease)))
+	wantLost(t, "Complete with the old token", complete(s, "k1", old, okResponse(), t0.Add(lease), t0.Add(keep)))
 	wantLost(t, "Release with the old token", s.Release(ctx, "k1", old))
 	// The new holder is untouched by the old one's attempts.
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(lease+time.Second)), idemserver.StateInFlight)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0.Add(lease+time.Second), t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(lease+2*time.Second)), idemserver.StateDone)
 }
 
 func testRenew(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
-	must(t, "Renew", s.Renew(ctx, "k1", tok, t0.Add(2*lease)))
+	must(t, "Renew", s.Renew(ctx, "k1", tok, t0, t0.Add(2*lease)))
 	c := begin(t, s, "k1", fpA, t0.Add(lease))
 	wantState(t, c, idemserver.StateInFlight)
 	if !c.LeaseUntil.Equal(t0.Add(2 * lease)) {
 		t.Errorf("LeaseUntil = %v, want the renewed %v", c.LeaseUntil, t0.Add(2*lease))
 	}
 	acquire(t, s, "k1", fpA, t0.Add(2*lease))
-	wantLost(t, "Renew after the lease lapsed and was taken", s.Renew(ctx, "k1", tok, t0.Add(3*lease)))
-	wantLost(t, "Renew of an unknown key", s.Renew(ctx, "nokey", tok, t0.Add(3*lease)))
+	wantLost(t, "Renew after the lease lapsed and was taken", s.Renew(ctx, "k1", tok, t0.Add(2*lease), t0.Add(3*lease)))
+	wantLost(t, "Renew of an unknown key", s.Renew(ctx, "nokey", tok, t0, t0.Add(3*lease)))
 }
 
 func testRelease(t *testing.T, s idemserver.Store) {
@@ -269,17 +274,17 @@ func testRelease(t *testing.T, s idemserver.Store) {
 
 func testSettled(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
-	wantLost(t, "second Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
+	wantLost(t, "second Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	wantLost(t, "Release after Complete", s.Release(ctx, "k1", tok))
-	wantLost(t, "Renew after Complete", s.Renew(ctx, "k1", tok, t0.Add(keep)))
+	wantLost(t, "Renew after Complete", s.Renew(ctx, "k1", tok, t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpA, t0.Add(time.Second)), idemserver.StateDone)
 
 	tok = acquire(t, s, "k2", fpA, t0)
 	must(t, "Release", s.Release(ctx, "k2", tok))
 	wantLost(t, "second Release", s.Release(ctx, "k2", tok))
-	wantLost(t, "Complete after Release", s.Complete(ctx, "k2", tok, okResponse(), t0.Add(keep)))
-	wantLost(t, "Complete with a made-up token", s.Complete(ctx, "k3", "nosuchtoken", okResponse(), t0.Add(keep)))
+	wantLost(t, "Complete after Release", complete(s, "k2", tok, okResponse(), t0, t0.Add(keep)))
+	wantLost(t, "Complete with a made-up token", complete(s, "k3", "nosuchtoken", okResponse(), t0, t0.Add(keep)))
 }
 
 func testSweep(t *testing.T, s idemserver.Store) {
@@ -290,11 +295,11 @@ func testSweep(t *testing.T, s idemserver.Store) {
 		until time.Duration
 	}{{"done1", time.Hour}, {"done2", keep}} {
 		tok := acquire(t, s, r.id, fpA, t0)
-		must(t, "Complete", s.Complete(ctx, r.id, tok, okResponse(), t0.Add(r.until)))
+		must(t, "Complete", complete(s, r.id, tok, okResponse(), t0, t0.Add(r.until)))
 	}
 	acquire(t, s, "held", fpA, t0)
 	live := acquire(t, s, "live", fpA, t0)
-	must(t, "Renew", s.Renew(ctx, "live", live, t0.Add(2*time.Hour)))
+	must(t, "Renew", s.Renew(ctx, "live", live, t0, t0.Add(2*time.Hour)))
 
 	n, err := s.Sweep(ctx, t0.Add(time.Second))
 	must(t, "Sweep", err)
@@ -311,7 +316,7 @@ func testSweep(t *testing.T, s idemserver.Store) {
 	acquire(t, s, "done1", fpB, t0.Add(time.Minute))
 	wantState(t, begin(t, s, "done2", fpA, t0.Add(time.Hour)), idemserver.StateDone)
 	wantState(t, begin(t, s, "live", fpA, t0.Add(time.Hour)), idemserver.StateInFlight)
-	must(t, "Complete of the live key after the sweep", s.Complete(ctx, "live", live, okResponse(), t0.Add(keep)))
+	must(t, "Complete of the live key after the sweep", complete(s, "live", live, okResponse(), t0.Add(time.Hour), t0.Add(keep)))
 
 	n, err = s.Sweep(ctx, t0.Add(keep+time.Hour))
 	must(t, "Sweep", err)
@@ -323,7 +328,7 @@ func testSweep(t *testing.T, s idemserver.Store) {
 func testIndependent(t *testing.T, s idemserver.Store) {
 	a := acquire(t, s, "a", fpA, t0)
 	acquire(t, s, "b", fpA, t0)
-	must(t, "Complete a", s.Complete(ctx, "a", a, okResponse(), t0.Add(keep)))
+	must(t, "Complete a", complete(s, "a", a, okResponse(), t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "a", fpA, t0.Add(time.Second)), idemserver.StateDone)
 	wantState(t, begin(t, s, "b", fpA, t0.Add(time.Second)), idemserver.StateInFlight)
 	// A long id of the size the middleware uses.
@@ -368,7 +373,7 @@ func testClosed(t *testing.T, s idemserver.Store) {
 	if !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Begin after Close: %v, want ErrClosed", err)
 	}
-	if err := s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)); !errors.Is(err, idemserver.ErrClosed) {
+	if err := complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)); !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Complete after Close: %v, want ErrClosed", err)
 	}
 	if _, err := s.Sweep(ctx, t0); !errors.Is(err, idemserver.ErrClosed) {
