@@ -18,6 +18,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
 )
 
@@ -59,17 +60,19 @@ var (
 	bucketKeys    = []byte("keys")   // id -> record
 	bucketExpiry  = []byte("expiry") // expires (8 bytes, big endian) + id -> nil
 	metaFormatKey = []byte("format")
-	metaFormat    = []byte("idemserver-bolt-1")
+	metaFormat    = []byte("idemserver-bolt-2") // records in internal/codec's server format
 )
-
-const recordVersion = 1
 
 // OpenBoltStore opens the store in the file at path, creating it (mode
 // 0600) if it does not exist. It returns an error matching ErrStoreLocked
 // when another process or handle holds the file, ErrStoreCorrupt when the
-// file is damaged or not a store of this package (the journal of an idem
-// Client is not one), and ErrStoreWrite when it cannot be written.
+// file is damaged, empty (a store that lost its contents, not a new one)
+// or not a store of this package (the journal of an idem Client is not
+// one), and ErrStoreWrite when it cannot be written.
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		return nil, fmt.Errorf("idemserver: open store %s: %w: the file is empty: a store that lost its contents, not a new one (remove it to start a new store)", path, ErrStoreCorrupt)
+	}
 	var opt BoltOptions
 	if o != nil {
 		opt = *o
@@ -414,127 +417,40 @@ func drop(tx *bolt.Tx, id string) error {
 	return tx.Bucket(bucketKeys).Delete([]byte(id))
 }
 
-// encode writes a record: version, expires (unix ns), fingerprint, token,
-// then for a done record the status, the header lines and the body; every
-// string is length-prefixed with a uvarint.
+// encode writes a record in the codec's server format (versioned,
+// checksummed, headers sorted).
 func encode(r *record) []byte {
-	n := 32 + len(r.fingerprint) + len(r.token)
-	if r.resp != nil {
-		n += len(r.resp.Body)
-		for k, vs := range r.resp.Header {
-			for _, v := range vs {
-				n += 4 + len(k) + len(v)
-			}
-		}
-	}
-	b := make([]byte, 0, n)
-	b = append(b, recordVersion)
-	b = binary.BigEndian.AppendUint64(b, uint64(r.expires.UnixNano()))
-	b = appendString(b, r.fingerprint)
-	b = appendString(b, r.token)
+	c := codec.ServerRecord{Kind: codec.ServerInFlight, Expires: r.expires.UnixNano(), Fingerprint: r.fingerprint, Token: r.token}
 	switch {
 	case r.resp == nil:
-		return append(b, 0)
 	case r.resp.NotKept:
-		b = append(b, 2)
-		return binary.AppendUvarint(b, uint64(r.resp.Status))
+		c.Kind, c.Status = codec.ServerNotKept, r.resp.Status
+	default:
+		c.Kind, c.Status, c.Header, c.Body = codec.ServerDone, r.resp.Status, r.resp.Header, r.resp.Body
 	}
-	b = append(b, 1)
-	b = binary.AppendUvarint(b, uint64(r.resp.Status))
-	lines := 0
-	for _, vs := range r.resp.Header {
-		lines += len(vs)
-	}
-	b = binary.AppendUvarint(b, uint64(lines))
-	for k, vs := range r.resp.Header {
-		for _, v := range vs {
-			b = appendString(b, k)
-			b = appendString(b, v)
-		}
-	}
-	return appendString(b, string(r.resp.Body))
-}
-
-func appendString(b []byte, s string) []byte {
-	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
-}
-
-var errShort = errors.New("record truncated")
-
-// decoder reads an encoded record; the first error sticks.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errShort
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) bytes() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.err = errShort
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil || len(d.b) == 0 {
-		d.err = errShort
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
+	return codec.ServerAppend(nil, &c)
 }
 
 // decode reads a record; the strings and body it returns are copies, as
-// bbolt's memory is valid only inside the transaction.
+// bbolt's memory is valid only inside the transaction. A damaged record
+// is an error, never a response to replay.
 func decode(v []byte) (*record, error) {
-	if len(v) < 9 {
-		return nil, errShort
+	var c codec.ServerRecord
+	if err := codec.ServerDecode(v, &c); err != nil {
+		return nil, err
 	}
-	if v[0] != recordVersion {
-		return nil, fmt.Errorf("unknown record version %d", v[0])
-	}
-	d := &decoder{b: v[9:]}
-	r := &record{expires: time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))}
-	r.fingerprint = string(d.bytes())
-	r.token = string(d.bytes())
-	switch d.byte() {
-	case 2:
-		r.resp = &Response{Status: int(d.uvarint()), NotKept: true}
-	case 1:
-		resp := &Response{Status: int(d.uvarint()), Header: http.Header{}}
-		lines := d.uvarint()
-		for i := uint64(0); i < lines && d.err == nil; i++ {
-			k := string(d.bytes())
-			resp.Header[k] = append(resp.Header[k], string(d.bytes()))
+	r := &record{expires: time.Unix(0, c.Expires), fingerprint: c.Fingerprint, token: c.Token}
+	switch c.Kind {
+	case codec.ServerNotKept:
+		r.resp = &Response{Status: c.Status, NotKept: true}
+	case codec.ServerDone:
+		r.resp = &Response{Status: c.Status, Header: http.Header(c.Header), Body: c.Body}
+		if r.resp.Header == nil {
+			r.resp.Header = http.Header{}
 		}
-		resp.Body = append([]byte{}, d.bytes()...)
-		r.resp = resp
-	}
-	if d.err == nil && len(d.b) != 0 {
-		d.err = errors.New("trailing bytes")
-	}
-	if d.err != nil {
-		return nil, d.err
+		if r.resp.Body == nil {
+			r.resp.Body = []byte{}
+		}
 	}
 	return r, nil
 }
