@@ -13,7 +13,15 @@
 //	}
 //
 // The suite passes every time explicitly (whole seconds, UTC), so a store
-// that keeps timestamps in a database column runs it as it is.
+// that keeps timestamps in a database column runs it as it is. A store
+// that judges leases by a clock of its own (a database's) must let the
+// suite's times stand in for that clock while it runs (pgstore does so in
+// its tests).
+//
+// Besides claims, leases, replays and sweeps, the suite checks that
+// completion and renewal are conditional on a live lease (a fenced
+// handler's answer is refused) and that "done, not kept" records
+// (Response.NotKept) round-trip.
 package storetest
 
 import (
@@ -60,6 +68,9 @@ func Run(t *testing.T, open func(t *testing.T) idemserver.Store) {
 		{"SweepDeletesExpired", testSweep},
 		{"KeysAreIndependent", testIndependent},
 		{"ConcurrentBeginAcquiresOnce", testConcurrent},
+		{"CompleteAfterLapseIsLost", testCompleteAfterLapse},
+		{"RenewAfterLapseIsLost", testRenewAfterLapse},
+		{"NotKeptRoundTrip", testNotKept},
 		{"ClosedStoreRefuses", testClosed},
 	}
 	for _, tt := range tests {
@@ -378,5 +389,54 @@ func testClosed(t *testing.T, s idemserver.Store) {
 	}
 	if _, err := s.Sweep(ctx, t0); !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Sweep after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testCompleteAfterLapse: completion is conditional on a live lease, even
+// when nobody took the key over: a fenced handler's answer is refused.
+func testCompleteAfterLapse(t *testing.T, s idemserver.Store) {
+	tok := acquire(t, s, "k1", fpA, t0)
+	wantLost(t, "Complete at the lease's end", complete(s, "k1", tok, okResponse(), t0.Add(lease), t0.Add(keep)))
+	// The refused completion changed nothing: the lapsed key is free.
+	acquire(t, s, "k1", fpA, t0.Add(lease))
+
+	tok = acquire(t, s, "k2", fpA, t0)
+	must(t, "Complete a nanosecond before the lease's end", complete(s, "k2", tok, okResponse(), t0.Add(lease-time.Nanosecond), t0.Add(keep)))
+	wantState(t, begin(t, s, "k2", fpA, t0.Add(lease)), idemserver.StateDone)
+}
+
+// testRenewAfterLapse: a lease that lapsed cannot be renewed, even when
+// nobody took the key over.
+func testRenewAfterLapse(t *testing.T, s idemserver.Store) {
+	tok := acquire(t, s, "k1", fpA, t0)
+	wantLost(t, "Renew at the lease's end", s.Renew(ctx, "k1", tok, t0.Add(lease), t0.Add(2*lease)))
+	acquire(t, s, "k1", fpA, t0.Add(lease))
+}
+
+// testNotKept: a "done, not kept" record round-trips with its status and
+// without header or body, and is done, not in flight, for its retention.
+func testNotKept(t *testing.T, s idemserver.Store) {
+	for i, status := range []int{http.StatusCreated, 0} {
+		id := fmt.Sprintf("nk%d", i)
+		tok := acquire(t, s, id, fpA, t0)
+		resp := okResponse()
+		resp.Status, resp.NotKept = status, true
+		must(t, "Complete", complete(s, id, tok, resp, t0, t0.Add(keep)))
+		c := begin(t, s, id, fpA, t0.Add(time.Hour))
+		wantState(t, c, idemserver.StateDone)
+		if c.Response == nil || !c.Response.NotKept || c.Response.Status != status {
+			t.Fatalf("not-kept record read back as %+v, want NotKept with status %d", c.Response, status)
+		}
+		if len(c.Response.Header) != 0 || len(c.Response.Body) != 0 {
+			t.Errorf("not-kept record kept header %v and body %q", c.Response.Header, c.Response.Body)
+		}
+		wantState(t, begin(t, s, id, fpB, t0.Add(time.Hour)), idemserver.StateMismatch)
+		acquire(t, s, id, fpA, t0.Add(keep))
+	}
+	// A kept response is not marked not-kept.
+	tok := acquire(t, s, "kept", fpA, t0)
+	must(t, "Complete", complete(s, "kept", tok, okResponse(), t0, t0.Add(keep)))
+	if c := begin(t, s, "kept", fpA, t0.Add(time.Hour)); c.Response == nil || c.Response.NotKept {
+		t.Errorf("kept response read back as %+v", c.Response)
 	}
 }
