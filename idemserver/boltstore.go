@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/uuid"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -35,22 +34,28 @@ type BoltOptions struct {
 }
 
 // BoltStore is a Store in a bbolt file of its own, for a single process
-// (bbolt locks the file): keys survive a crash or restart of the process
-// but are not shared with other replicas.
+// (bbolt locks the file): stored responses survive a crash or restart of
+// the process but are not shared with other replicas.
 //
-// Begin, Renew, Complete and Release return once their change is
-// committed with fsync; changes made by concurrent requests share one
-// commit (group commit), so throughput grows with concurrency. Begin
-// answers a key that is in flight or done from a read-only transaction,
-// without a commit. A commit that fails returns an error matching
-// ErrStoreWrite and changes nothing. A damaged file gives errors matching
-// ErrStoreCorrupt, never a panic.
+// One durable commit per new key: only one process can open the file, so
+// the keys in flight (claimed, renewed, released) live in the process's
+// memory, and Complete is the one commit, with fsync, that a new key
+// costs; completions of concurrent requests share one commit (group
+// commit), so throughput grows with concurrency. Begin answers a done key
+// from a read-only transaction. A crash frees the keys that were in
+// flight at once rather than at the end of their leases: no handler of
+// the dead process can still be running, so the next request with such a
+// key runs its handler, as it would after a lapsed lease (see Step). A
+// commit that fails returns an error matching ErrStoreWrite and changes
+// nothing. A damaged file or record gives errors matching ErrStoreCorrupt,
+// never a panic and never a replay.
 type BoltStore struct {
-	db     *bolt.DB
-	w      *groupcommit.Writer[*bolt.Tx]
-	file   *os.File    // bbolt's file handle, to release a broken store
-	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
-	closed atomic.Bool
+	db      *bolt.DB
+	w       *groupcommit.Writer[*bolt.Tx]
+	file    *os.File    // bbolt's file handle, to release a broken store
+	broken  atomic.Bool // bbolt panicked or faulted; its locks may be held
+	closed  atomic.Bool
+	flights flights // the keys in flight
 }
 
 var _ Store = (*BoltStore)(nil)
@@ -224,104 +229,18 @@ func (s *BoltStore) read(fn func(*bolt.Tx) error) error {
 	return s.guarded(func() error { return s.db.View(fn) })
 }
 
-// Begin implements Store.
-func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
-	var c Claim
-	err := s.read(func(tx *bolt.Tx) error {
-		var err error
-		c, err = answer(tx, b)
-		return err
-	})
-	if err != nil || c.State != 0 {
-		return c, err
-	}
-	tok := uuid.NewString()
-	err = s.write(ctx, func(tx *bolt.Tx) error {
-		var err error
-		if c, err = answer(tx, b); err != nil || c.State != 0 {
-			return err
-		}
-		if err := drop(tx, b.ID); err != nil {
-			return err
-		}
-		c = Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}
-		return put(tx, b.ID, &record{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil})
-	})
-	if err != nil {
-		return Claim{}, err
-	}
-	return c, nil
-}
-
-// answer returns the claim for a live record of b.ID, or a zero Claim if
-// there is none.
-func answer(tx *bolt.Tx, b Begin) (Claim, error) {
-	r, err := get(tx, b.ID)
-	if err != nil || r == nil || !r.expires.After(b.Now) {
-		return Claim{}, err
-	}
-	switch {
-	case r.fingerprint != b.Fingerprint:
-		return Claim{State: StateMismatch}, nil
-	case r.resp == nil:
-		return Claim{State: StateInFlight, LeaseUntil: r.expires}, nil
-	}
-	return Claim{State: StateDone, Response: r.resp}, nil
-}
-
-// change runs fn on the in-flight record id held under token, under a
-// lease live at now, and writes it back; with fn nil the record is
-// deleted.
-func (s *BoltStore) change(ctx context.Context, id, token string, now time.Time, fn func(*record)) error {
-	return s.write(ctx, func(tx *bolt.Tx) error {
-		r, err := get(tx, id)
-		if err != nil {
-			return err
-		}
-		if r == nil || r.resp != nil || r.token != token || !r.expires.After(now) {
-			return fmt.Errorf("key %s: %w", id, ErrLockLost)
-		}
-		if err := drop(tx, id); err != nil {
-			return err
-		}
-		if fn == nil {
-			return nil
-		}
-		fn(r)
-		return put(tx, id, r)
-	})
-}
-
-// Renew implements Store.
-func (s *BoltStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
-	return s.change(ctx, id, token, now, func(r *record) { r.expires = until })
-}
-
-// Complete implements Store.
-func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
-	if c.Response == nil {
-		return fmt.Errorf("idemserver: complete %s: nil response", c.ID)
-	}
-	resp := c.Response
-	if resp.NotKept {
-		resp = &Response{Status: resp.Status, NotKept: true}
-	}
-	return s.change(ctx, c.ID, c.Token, c.Now, func(r *record) { r.resp, r.token, r.expires = resp, "", c.Until })
-}
-
-// Release implements Store.
-func (s *BoltStore) Release(ctx context.Context, id, token string) error {
-	return s.change(ctx, id, token, time.Time{}, nil)
-}
-
 // sweepChunk bounds the records one sweep transaction deletes.
 const sweepChunk = 1000
 
-// Sweep implements Store. It deletes in transactions of at most a
-// thousand records, so that requests are not held up behind one large
-// commit.
+// Sweep implements Store. It deletes the keys in flight whose lease
+// lapsed, then the stored responses that expired, in transactions of at
+// most a thousand records, so that requests are not held up behind one
+// large commit.
 func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	total := 0
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	total := s.flights.sweep(now)
 	for {
 		n := 0
 		err := s.write(ctx, func(tx *bolt.Tx) error {

@@ -36,7 +36,9 @@ type Store interface {
 	// token. Otherwise it changes nothing and returns StateMismatch if the
 	// record's fingerprint differs, else StateInFlight with the lease's
 	// end, or StateDone with the stored response. The acquired record must
-	// be durable when Begin returns.
+	// be durable when Begin returns, unless no other process can use the
+	// store (a locked file): then it may live in memory, and a crash frees
+	// it, since no handler of it can still run.
 	Begin(ctx context.Context, b Begin) (Claim, error)
 	// Renew moves the lease of the in-flight record id held under token to
 	// until. It returns an error matching ErrLockLost if the record is
