@@ -213,3 +213,47 @@ func TestStreamNotStoredIsAborted(t *testing.T) {
 		assert.Equal(t, http.ErrAbortHandler, p)
 	})
 }
+
+// blackHole wraps a store whose Begin (or Complete) waits until its
+// context ends, as a database that drops packets.
+type blackHole struct {
+	idemserver.Store
+	begin, complete bool
+}
+
+func (s *blackHole) Begin(ctx context.Context, b idemserver.Begin) (idemserver.Claim, error) {
+	if s.begin {
+		<-ctx.Done()
+		return idemserver.Claim{}, context.Cause(ctx)
+	}
+	return s.Store.Begin(ctx, b)
+}
+
+func (s *blackHole) Complete(ctx context.Context, c idemserver.Completion) error {
+	if s.complete {
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}
+	return s.Store.Complete(ctx, c)
+}
+
+// TestStoreCallsBounded: a black-holed store holds a request for the
+// store timeout, not for the operating system's TCP timeout.
+func TestStoreCallsBounded(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		store blackHole
+	}{{"claim", blackHole{begin: true}}, {"completion", blackHole{complete: true}}} {
+		t.Run(tt.name, func(t *testing.T) {
+			forStores(t, func(t *testing.T, s idemserver.Store) {
+				st := tt.store
+				st.Store = s
+				h := idemserver.New(&st, idemserver.WithStoreTimeout(2*time.Second)).Required(&app{})
+				start := time.Now()
+				w := do(h, req{key: "k1", body: "a"})
+				assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+				assert.Equal(t, 2*time.Second, time.Since(start), "held for the store timeout (synctest time)")
+			})
+		})
+	}
+}
