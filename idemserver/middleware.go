@@ -40,8 +40,8 @@ import (
 //
 //   - A 5xx, 408, 425 or 429 response or a panic before anything was
 //     sent is not stored: the key is released so that the client may
-//     retry (on Webhook routes, every answer but 2xx and 3xx is released,
-//     see WithWebhookClientErrors).
+//     retry (on Webhook routes, every answer but a 2xx is released, see
+//     WithWebhookClientErrors).
 //   - A response is stored, durably, before it is sent, so a client that
 //     received an answer gets the same one on retry, even after a crash.
 //     If it cannot be stored, the client gets 503 (ProblemNotStored)
@@ -150,8 +150,9 @@ func HeaderEventID(name string) EventID {
 // payload: a redelivery with the same id is a duplicate whatever its
 // signature or timestamp. A duplicate of a delivery still running gets 409
 // with Retry-After, which senders retry; one of a finished delivery gets
-// the stored answer. A 5xx or a panic releases the id so the sender's
-// retry runs the handler again.
+// the stored answer. Only 2xx answers are stored by default (see
+// WithWebhookClientErrors): any other answer or a panic releases the id so
+// the sender's retry runs the handler again.
 func (m *Middleware) Webhook(h http.Handler, id EventID) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)

@@ -68,7 +68,7 @@ type config struct {
 	maxBody     int64
 	maxResponse int
 	storeClient bool
-	hookClient  bool // webhook routes store 4xx answers
+	hookClient  bool // webhook routes store 3xx and 4xx answers
 	safeDedupe  bool // GET, HEAD, OPTIONS, TRACE are deduplicated too
 	sweepEvery  time.Duration
 	timeout     time.Duration
@@ -173,8 +173,8 @@ func WithSafeMethods(dedupe bool) Option {
 	return func(c *config) { c.safeDedupe = dedupe }
 }
 
-// WithWebhookClientErrors says whether Webhook routes store 4xx answers
-// (true) or only 2xx and 3xx answers (false, the default): a receiver that
+// WithWebhookClientErrors says whether Webhook routes store 3xx and 4xx
+// answers (true) or only 2xx answers (false, the default): a receiver that
 // answers 404 because the object its event names is not committed yet
 // must see the redelivery.
 func WithWebhookClientErrors(store bool) Option {

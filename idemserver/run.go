@@ -121,8 +121,8 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 		return nil, "server error"
 	case status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
 		return nil, "retryable status"
-	case status >= 400 && u.webhook && !u.m.cfg.hookClient:
-		return nil, "webhook client error"
+	case status >= 300 && u.webhook && !u.m.cfg.hookClient:
+		return nil, "webhook answer other than 2xx"
 	case status >= 400 && !u.webhook && !u.m.cfg.storeClient:
 		return nil, "client error"
 	case rec.overflow:
