@@ -64,6 +64,7 @@ func writeProblem(w http.ResponseWriter, status int, typ, title, detail string, 
 	writeDoc(w, problemDoc{Type: typ, Title: title, Status: status, Detail: detail}, retryAfter)
 }
 
+// writeDoc answers with the problem document doc.
 func writeDoc(w http.ResponseWriter, doc problemDoc, retryAfter time.Duration) {
 	status := doc.Status
 	body, _ := json.Marshal(doc)
