@@ -20,8 +20,9 @@ import (
 // through a bare handler and through the middleware, with 1 and 32
 // requests in flight, and reports both side by side with their ratio.
 // Every middleware request has a new key: claim, run, store. On the bbolt
-// store that is two commits (each with fsync) per request, shared by the
-// requests in flight; the memory store shows the middleware's own cost.
+// store that is one commit (with fsync) per request, the stored answer,
+// shared by the requests in flight (the claim lives in memory); the memory
+// store shows the middleware's own cost.
 func BenchmarkMiddleware(b *testing.B) {
 	stores := []struct {
 		name string

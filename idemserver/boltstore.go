@@ -14,10 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/uuid"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
 )
 
@@ -34,22 +34,28 @@ type BoltOptions struct {
 }
 
 // BoltStore is a Store in a bbolt file of its own, for a single process
-// (bbolt locks the file): keys survive a crash or restart of the process
-// but are not shared with other replicas.
+// (bbolt locks the file): stored responses survive a crash or restart of
+// the process but are not shared with other replicas.
 //
-// Begin, Renew, Complete and Release return once their change is
-// committed with fsync; changes made by concurrent requests share one
-// commit (group commit), so throughput grows with concurrency. Begin
-// answers a key that is in flight or done from a read-only transaction,
-// without a commit. A commit that fails returns an error matching
-// ErrStoreWrite and changes nothing. A damaged file gives errors matching
-// ErrStoreCorrupt, never a panic.
+// One durable commit per new key: only one process can open the file, so
+// the keys in flight (claimed, renewed, released) live in the process's
+// memory, and Complete is the one commit, with fsync, that a new key
+// costs; completions of concurrent requests share one commit (group
+// commit), so throughput grows with concurrency. Begin answers a done key
+// from a read-only transaction. A crash frees the keys that were in
+// flight at once rather than at the end of their leases: no handler of
+// the dead process can still be running, so the next request with such a
+// key runs its handler, as it would after a lapsed lease (see Step). A
+// commit that fails returns an error matching ErrStoreWrite and changes
+// nothing. A damaged file or record gives errors matching ErrStoreCorrupt,
+// never a panic and never a replay.
 type BoltStore struct {
-	db     *bolt.DB
-	w      *groupcommit.Writer[*bolt.Tx]
-	file   *os.File    // bbolt's file handle, to release a broken store
-	broken atomic.Bool // bbolt panicked or faulted; its locks may be held
-	closed atomic.Bool
+	db      *bolt.DB
+	w       *groupcommit.Writer[*bolt.Tx]
+	file    *os.File    // bbolt's file handle, to release a broken store
+	broken  atomic.Bool // bbolt panicked or faulted; its locks may be held
+	closed  atomic.Bool
+	flights flights // the keys in flight
 }
 
 var _ Store = (*BoltStore)(nil)
@@ -59,17 +65,19 @@ var (
 	bucketKeys    = []byte("keys")   // id -> record
 	bucketExpiry  = []byte("expiry") // expires (8 bytes, big endian) + id -> nil
 	metaFormatKey = []byte("format")
-	metaFormat    = []byte("idemserver-bolt-1")
+	metaFormat    = []byte("idemserver-bolt-2") // records in internal/codec's server format
 )
-
-const recordVersion = 1
 
 // OpenBoltStore opens the store in the file at path, creating it (mode
 // 0600) if it does not exist. It returns an error matching ErrStoreLocked
 // when another process or handle holds the file, ErrStoreCorrupt when the
-// file is damaged or not a store of this package (the journal of an idem
-// Client is not one), and ErrStoreWrite when it cannot be written.
+// file is damaged, empty (a store that lost its contents, not a new one)
+// or not a store of this package (the journal of an idem Client is not
+// one), and ErrStoreWrite when it cannot be written.
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		return nil, fmt.Errorf("idemserver: open store %s: %w: the file is empty: a store that lost its contents, not a new one (remove it to start a new store)", path, ErrStoreCorrupt)
+	}
 	var opt BoltOptions
 	if o != nil {
 		opt = *o
@@ -221,96 +229,18 @@ func (s *BoltStore) read(fn func(*bolt.Tx) error) error {
 	return s.guarded(func() error { return s.db.View(fn) })
 }
 
-// Begin implements Store.
-func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
-	var c Claim
-	err := s.read(func(tx *bolt.Tx) error {
-		var err error
-		c, err = answer(tx, b)
-		return err
-	})
-	if err != nil || c.State != 0 {
-		return c, err
-	}
-	tok := uuid.NewString()
-	err = s.write(ctx, func(tx *bolt.Tx) error {
-		var err error
-		if c, err = answer(tx, b); err != nil || c.State != 0 {
-			return err
-		}
-		if err := drop(tx, b.ID); err != nil {
-			return err
-		}
-		c = Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}
-		return put(tx, b.ID, &record{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil})
-	})
-	if err != nil {
-		return Claim{}, err
-	}
-	return c, nil
-}
-
-// answer returns the claim for a live record of b.ID, or a zero Claim if
-// there is none.
-func answer(tx *bolt.Tx, b Begin) (Claim, error) {
-	r, err := get(tx, b.ID)
-	if err != nil || r == nil || !r.expires.After(b.Now) {
-		return Claim{}, err
-	}
-	switch {
-	case r.fingerprint != b.Fingerprint:
-		return Claim{State: StateMismatch}, nil
-	case r.resp == nil:
-		return Claim{State: StateInFlight, LeaseUntil: r.expires}, nil
-	}
-	return Claim{State: StateDone, Response: r.resp}, nil
-}
-
-// change runs fn on the in-flight record id held under token and writes
-// it back; with fn nil the record is deleted.
-func (s *BoltStore) change(ctx context.Context, id, token string, fn func(*record)) error {
-	return s.write(ctx, func(tx *bolt.Tx) error {
-		r, err := get(tx, id)
-		if err != nil {
-			return err
-		}
-		if r == nil || r.resp != nil || r.token != token {
-			return fmt.Errorf("key %s: %w", id, ErrLockLost)
-		}
-		if err := drop(tx, id); err != nil {
-			return err
-		}
-		if fn == nil {
-			return nil
-		}
-		fn(r)
-		return put(tx, id, r)
-	})
-}
-
-// Renew implements Store.
-func (s *BoltStore) Renew(ctx context.Context, id, token string, until time.Time) error {
-	return s.change(ctx, id, token, func(r *record) { r.expires = until })
-}
-
-// Complete implements Store.
-func (s *BoltStore) Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error {
-	return s.change(ctx, id, token, func(r *record) { r.resp, r.token, r.expires = resp, "", until })
-}
-
-// Release implements Store.
-func (s *BoltStore) Release(ctx context.Context, id, token string) error {
-	return s.change(ctx, id, token, nil)
-}
-
 // sweepChunk bounds the records one sweep transaction deletes.
 const sweepChunk = 1000
 
-// Sweep implements Store. It deletes in transactions of at most a
-// thousand records, so that requests are not held up behind one large
-// commit.
+// Sweep implements Store. It deletes the keys in flight whose lease
+// lapsed, then the stored responses that expired, in transactions of at
+// most a thousand records, so that requests are not held up behind one
+// large commit.
 func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
-	total := 0
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	total := s.flights.sweep(now)
 	for {
 		n := 0
 		err := s.write(ctx, func(tx *bolt.Tx) error {
@@ -406,120 +336,40 @@ func drop(tx *bolt.Tx, id string) error {
 	return tx.Bucket(bucketKeys).Delete([]byte(id))
 }
 
-// encode writes a record: version, expires (unix ns), fingerprint, token,
-// then for a done record the status, the header lines and the body; every
-// string is length-prefixed with a uvarint.
+// encode writes a record in the codec's server format (versioned,
+// checksummed, headers sorted).
 func encode(r *record) []byte {
-	n := 32 + len(r.fingerprint) + len(r.token)
-	if r.resp != nil {
-		n += len(r.resp.Body)
-		for k, vs := range r.resp.Header {
-			for _, v := range vs {
-				n += 4 + len(k) + len(v)
-			}
-		}
+	c := codec.ServerRecord{Kind: codec.ServerInFlight, Expires: r.expires.UnixNano(), Fingerprint: r.fingerprint, Token: r.token}
+	switch {
+	case r.resp == nil:
+	case r.resp.NotKept:
+		c.Kind, c.Status = codec.ServerNotKept, r.resp.Status
+	default:
+		c.Kind, c.Status, c.Header, c.Body = codec.ServerDone, r.resp.Status, r.resp.Header, r.resp.Body
 	}
-	b := make([]byte, 0, n)
-	b = append(b, recordVersion)
-	b = binary.BigEndian.AppendUint64(b, uint64(r.expires.UnixNano()))
-	b = appendString(b, r.fingerprint)
-	b = appendString(b, r.token)
-	if r.resp == nil {
-		return append(b, 0)
-	}
-	b = append(b, 1)
-	b = binary.AppendUvarint(b, uint64(r.resp.Status))
-	lines := 0
-	for _, vs := range r.resp.Header {
-		lines += len(vs)
-	}
-	b = binary.AppendUvarint(b, uint64(lines))
-	for k, vs := range r.resp.Header {
-		for _, v := range vs {
-			b = appendString(b, k)
-			b = appendString(b, v)
-		}
-	}
-	return appendString(b, string(r.resp.Body))
-}
-
-func appendString(b []byte, s string) []byte {
-	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
-}
-
-var errShort = errors.New("record truncated")
-
-// decoder reads an encoded record; the first error sticks.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errShort
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) bytes() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.err = errShort
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil || len(d.b) == 0 {
-		d.err = errShort
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
+	return codec.ServerAppend(nil, &c)
 }
 
 // decode reads a record; the strings and body it returns are copies, as
-// bbolt's memory is valid only inside the transaction.
+// bbolt's memory is valid only inside the transaction. A damaged record
+// is an error, never a response to replay.
 func decode(v []byte) (*record, error) {
-	if len(v) < 9 {
-		return nil, errShort
+	var c codec.ServerRecord
+	if err := codec.ServerDecode(v, &c); err != nil {
+		return nil, err
 	}
-	if v[0] != recordVersion {
-		return nil, fmt.Errorf("unknown record version %d", v[0])
-	}
-	d := &decoder{b: v[9:]}
-	r := &record{expires: time.Unix(0, int64(binary.BigEndian.Uint64(v[1:9])))}
-	r.fingerprint = string(d.bytes())
-	r.token = string(d.bytes())
-	if d.byte() == 1 {
-		resp := &Response{Status: int(d.uvarint()), Header: http.Header{}}
-		lines := d.uvarint()
-		for i := uint64(0); i < lines && d.err == nil; i++ {
-			k := string(d.bytes())
-			resp.Header[k] = append(resp.Header[k], string(d.bytes()))
+	r := &record{expires: time.Unix(0, c.Expires), fingerprint: c.Fingerprint, token: c.Token}
+	switch c.Kind {
+	case codec.ServerNotKept:
+		r.resp = &Response{Status: c.Status, NotKept: true}
+	case codec.ServerDone:
+		r.resp = &Response{Status: c.Status, Header: http.Header(c.Header), Body: c.Body}
+		if r.resp.Header == nil {
+			r.resp.Header = http.Header{}
 		}
-		resp.Body = append([]byte{}, d.bytes()...)
-		r.resp = resp
-	}
-	if d.err == nil && len(d.b) != 0 {
-		d.err = errors.New("trailing bytes")
-	}
-	if d.err != nil {
-		return nil, d.err
+		if r.resp.Body == nil {
+			r.resp.Body = []byte{}
+		}
 	}
 	return r, nil
 }

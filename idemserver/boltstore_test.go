@@ -1,6 +1,7 @@
 package idemserver_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
@@ -36,7 +38,7 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte("ok")}
-	require.NoError(t, s.Complete(ctx, "done", c.Token, resp, t0.Add(time.Hour)))
+	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
 	_, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
@@ -52,9 +54,10 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idemserver.StateDone, c.State)
 	assert.Equal(t, resp, c.Response)
+	// A key in flight lived in the closed process only: it is free.
 	c, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0.Add(time.Second), LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
-	assert.Equal(t, idemserver.StateInFlight, c.State)
+	assert.Equal(t, idemserver.StateAcquired, c.State)
 }
 
 func TestOpenBoltStoreErrors(t *testing.T) {
@@ -81,6 +84,11 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, os.Truncate(truncated, 4096*2))
 
+	// A store emptied by a failed copy or restore: refused, not taken
+	// for a new store (which would forget every key).
+	emptied := filepath.Join(dir, "emptied.db")
+	require.NoError(t, os.WriteFile(emptied, nil, 0o600))
+
 	locked := filepath.Join(dir, "locked.db")
 	holder, err := idemserver.OpenBoltStore(locked, nil)
 	require.NoError(t, err)
@@ -95,6 +103,7 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 		{"random bytes", random, idemserver.ErrStoreCorrupt},
 		{"idem client journal", journal, idemserver.ErrStoreCorrupt},
 		{"truncated", truncated, idemserver.ErrStoreCorrupt},
+		{"emptied", emptied, idemserver.ErrStoreCorrupt},
 		{"locked by another handle", locked, idemserver.ErrStoreLocked},
 		{"missing directory", filepath.Join(dir, "no", "such", "dir", "keys.db"), idemserver.ErrStoreWrite},
 	}
@@ -108,4 +117,36 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.path)
 		})
 	}
+}
+
+// TestBoltStoreDamagedRecord flips one bit of a stored response: the
+// store reports it as corrupt instead of replaying it.
+func TestBoltStoreDamagedRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	ctx := context.Background()
+	s, err := idemserver.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	require.NoError(t, err)
+	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte(`{"amount":100}`)}
+	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	require.NoError(t, s.Close())
+
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("keys"))
+		v := append([]byte(nil), b.Get([]byte("done"))...)
+		i := bytes.Index(v, []byte("100"))
+		require.Positive(t, i)
+		v[i] ^= 0x01 // "100" becomes "000": one bit, a silent change of amount
+		return b.Put([]byte("done"), v)
+	}))
+	require.NoError(t, db.Close())
+
+	s, err = idemserver.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0.Add(time.Second), LeaseUntil: t0.Add(time.Minute)})
+	assert.ErrorIs(t, err, idemserver.ErrStoreCorrupt)
 }

@@ -18,6 +18,7 @@ type keyContext struct{}
 type keyInfo struct {
 	id  string // scoped store id: principal, method, path and key
 	key string // the key as the client sent it
+	fp  string // the payload's fingerprint; empty for webhook events
 }
 
 // stepNamespace is the UUID namespace of derived keys.
@@ -34,15 +35,17 @@ func RequestKey(ctx context.Context) (string, bool) {
 // StepKey returns the key derived for the step name of the request a
 // handler serves, and whether the context holds such a request. The key
 // is a UUID (version 5, SHA-1) of the request's scope (principal, method,
-// path), its key and the step name: the same on every replica and on
-// every retry of the request, and different for every other principal,
-// route, key or step.
+// path), its key, its payload's fingerprint and the step name: the same on
+// every replica and on every retry of the request, and different for every
+// other principal, route, key, payload or step (so a client key reused
+// with another payload after its retention never re-drives the old
+// downstream keys).
 func StepKey(ctx context.Context, step string) (string, bool) {
 	ki, ok := ctx.Value(keyContext{}).(keyInfo)
 	if !ok {
 		return "", false
 	}
-	return uuid.NewSHA1(stepNamespace, []byte(ki.id+"\x00"+step)).String(), true
+	return uuid.NewSHA1(stepNamespace, []byte(ki.id+"\x00"+ki.fp+"\x00"+step)).String(), true
 }
 
 // Step returns a context whose outbound requests through an idem client

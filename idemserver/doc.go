@@ -14,7 +14,10 @@
 // a lease on the key; a concurrent one gets 409 with Retry-After; a later
 // one gets the stored response with "Idempotent-Replayed: true"; one with
 // another payload gets 422. 5xx answers and panics are not stored, so the
-// client may retry. See Middleware for the whole contract.
+// client may retry; an answer that cannot be stored is never sent as a
+// 2xx (503 instead), and one too large to keep leaves a "done, not kept"
+// record rather than a second run. Safe methods pass through. See
+// Middleware for the whole contract.
 //
 // Inside a handler, Step derives the keys of outbound calls made through
 // an idem client from the request's key, so the client's retry re-drives
@@ -24,5 +27,7 @@
 //
 // Stores implement Store; MemoryStore and BoltStore come with the package,
 // and the storetest package holds the conformance suite every Store must
-// pass.
+// pass. A store that also implements TxStore (pgstore.ServerStore) lets a
+// handler write its own rows in the transaction that stores its answer
+// (pgstore.Tx), so that the two commit or vanish together.
 package idemserver

@@ -34,6 +34,21 @@ func TestParseKey(t *testing.T) {
 		{`"a\nb"`, "", false},
 		{`"a\`, "", false},
 		{`"a` + "\t" + `b"`, "", false},
+		// Structured-field rules: a comma makes a list, parameters on a
+		// quoted key are accepted and ignored.
+		{"a,b", "", false},
+		{"abc,", "", false},
+		{`"a", "b"`, "", false},
+		{`"a",`, "", false},
+		{`"a,b"`, "a,b", true},
+		{`"abc";v=1`, "abc", true},
+		{`"abc"; v=1;x;y=?0;z="q;\"";t=tok/en:1;b=:AQID:;n=-1.5`, "abc", true},
+		{`"abc";`, "", false},
+		{`"abc";V=1`, "", false},
+		{`"abc";v=`, "", false},
+		{`"abc";v=?2`, "", false},
+		{`"abc";v=:!!:`, "", false},
+		{`"abc" ;v=1`, "", false},
 	}
 	for _, tt := range tests {
 		got, err := idemserver.ParseKey(tt.in)
@@ -70,7 +85,7 @@ func FuzzParseKey(f *testing.F) {
 		require.NoError(t, err, "ParseKey(%q)", quoted)
 		require.Equal(t, key, again)
 		// A key without spaces or quotes parses bare to itself.
-		if !strings.ContainsAny(key, ` "`) {
+		if !strings.ContainsAny(key, ` ",`) {
 			bare, err := idemserver.ParseKey(key)
 			require.NoError(t, err, "ParseKey(%q)", key)
 			require.Equal(t, key, bare)

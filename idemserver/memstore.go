@@ -55,23 +55,24 @@ func (s *MemoryStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
 
-// held returns the in-flight record id held under token; s.mu must be held.
-func (s *MemoryStore) held(id, token string) (*memRecord, error) {
+// held returns the in-flight record id held under token under a lease
+// live at now; s.mu must be held.
+func (s *MemoryStore) held(id, token string, now time.Time) (*memRecord, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
 	r := s.records[id]
-	if r == nil || r.resp != nil || r.token != token {
+	if r == nil || r.resp != nil || r.token != token || !r.expires.After(now) {
 		return nil, fmt.Errorf("key %s: %w", id, ErrLockLost)
 	}
 	return r, nil
 }
 
 // Renew implements Store.
-func (s *MemoryStore) Renew(ctx context.Context, id, token string, until time.Time) error {
+func (s *MemoryStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, err := s.held(id, token)
+	r, err := s.held(id, token, now)
 	if err != nil {
 		return err
 	}
@@ -80,14 +81,17 @@ func (s *MemoryStore) Renew(ctx context.Context, id, token string, until time.Ti
 }
 
 // Complete implements Store.
-func (s *MemoryStore) Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error {
+func (s *MemoryStore) Complete(ctx context.Context, c Completion) error {
+	if c.Response == nil {
+		return fmt.Errorf("idemserver: complete %s: nil response", c.ID)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, err := s.held(id, token)
+	r, err := s.held(c.ID, c.Token, c.Now)
 	if err != nil {
 		return err
 	}
-	r.resp, r.token, r.expires = cloneResponse(resp), "", until
+	r.resp, r.token, r.expires = cloneResponse(c.Response), "", c.Until
 	return nil
 }
 
@@ -95,7 +99,7 @@ func (s *MemoryStore) Complete(ctx context.Context, id, token string, resp *Resp
 func (s *MemoryStore) Release(ctx context.Context, id, token string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.held(id, token); err != nil {
+	if _, err := s.held(id, token, time.Time{}); err != nil {
 		return err
 	}
 	delete(s.records, id)
@@ -133,6 +137,9 @@ func (s *MemoryStore) Close() error {
 func cloneResponse(r *Response) *Response {
 	if r == nil {
 		return nil
+	}
+	if r.NotKept {
+		return &Response{Status: r.Status, NotKept: true}
 	}
 	return &Response{Status: r.Status, Header: r.Header.Clone(), Body: append([]byte(nil), r.Body...)}
 }

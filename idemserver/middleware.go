@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -34,19 +33,47 @@ import (
 //   - a key used before with another payload gets 422 Unprocessable
 //     Content.
 //
-// A 5xx, 408, 425 or 429 response, a panic, a hijacked connection, and a
-// response over WithMaxResponseBytes are not stored: the key is released
-// so that the client may retry. If the store cannot be written the answer
-// is 503 and the handler does not run (fail closed). The middleware's own
-// answers are application/problem+json documents (RFC 9457).
+// Requests with a safe method (GET, HEAD, OPTIONS, TRACE) pass through
+// untouched unless WithSafeMethods says otherwise.
 //
-// A stored response is made durable before it is sent, so a client that
-// received an answer gets the same one on retry, even after a crash. If
-// the process dies while the handler runs, the key stays locked until the
+// No 2xx that a retry could contradict leaves the middleware:
+//
+//   - A 5xx, 408, 425 or 429 response or a panic before anything was
+//     sent is not stored: the key is released so that the client may
+//     retry (on Webhook routes, every answer but a 2xx is released, see
+//     WithWebhookClientErrors).
+//   - A response is stored, durably, before it is sent, so a client that
+//     received an answer gets the same one on retry, even after a crash.
+//     If it cannot be stored, the client gets 503 (ProblemNotStored)
+//     instead and the key stays locked until its lease lapses.
+//   - A response over WithMaxResponseBytes, a hijacked connection, a
+//     stream that failed or panicked after its first flush: the handler
+//     ran and the client saw (part of) its answer, so the key keeps a
+//     "done, not kept" record and a retry gets 409 ProblemNotKept, never
+//     a second run.
+//   - A flushed (streamed) response is stored when the handler returns,
+//     before its end goes out; if it cannot be stored the connection is
+//     aborted, so the client sees a broken response, not a complete one
+//     (unless the handler set Content-Length and wrote it all).
+//
+// The middleware renews the lease every third of it while the handler
+// runs. When renewals fail for longer than the lease minus a margin (a
+// quarter of it), the handler's context is cancelled with a cause matching
+// ErrLockLost, before another replica may take the key; its answer is not
+// stored (the store refuses it too) and the client gets 503. If the
+// process dies while the handler runs, the key stays locked until the
 // lease runs out; then the next request runs the handler again, so
-// handlers should derive the keys of their own outbound calls with Step.
+// handlers should derive the keys of their own outbound calls with Step,
+// and keep their own writes in the request's transaction when the Store
+// is a TxStore (pgstore.Tx).
 //
-// A Middleware is safe for concurrent use. It does not close its Store.
+// If the store cannot be reached when the key is claimed the answer is 503
+// and the handler does not run (fail closed). Every store call is bounded
+// by WithStoreTimeout. The middleware's own answers are complete
+// application/problem+json documents (RFC 9457).
+//
+// A Middleware is safe for concurrent use. Close stops its background
+// sweeps; it does not close its Store.
 type Middleware struct {
 	store Store
 	cfg   config
@@ -54,13 +81,36 @@ type Middleware struct {
 
 	lastSweep atomic.Int64 // unix nanoseconds of the last sweep
 	sweeping  atomic.Bool
+
+	mu     sync.Mutex
+	closed bool
+	sweeps sync.WaitGroup
+	stop   context.Context // cancelled by Close
+	cancel context.CancelFunc
 }
 
 // New returns a Middleware that keeps its keys in store.
 func New(store Store, opts ...Option) *Middleware {
 	m := &Middleware{store: store, cfg: newConfig(opts), now: time.Now}
+	m.stop, m.cancel = context.WithCancel(context.Background())
 	m.lastSweep.Store(m.now().UnixNano())
+	if len(m.cfg.refused) > 0 {
+		m.cfg.logger.Error("idemserver: replay headers refused: they belong to one session or principal (see WithPrincipalReplayHeaders)",
+			"headers", m.cfg.refused)
+	}
 	return m
+}
+
+// Close stops the middleware's background sweeps and waits for one that
+// runs. Requests served after Close are still handled, but no longer
+// sweep. Close does not close the Store. It always returns nil.
+func (m *Middleware) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.sweeps.Wait()
+	return nil
 }
 
 // route says how a wrapped handler finds its key.
@@ -100,8 +150,9 @@ func HeaderEventID(name string) EventID {
 // payload: a redelivery with the same id is a duplicate whatever its
 // signature or timestamp. A duplicate of a delivery still running gets 409
 // with Retry-After, which senders retry; one of a finished delivery gets
-// the stored answer. A 5xx or a panic releases the id so the sender's
-// retry runs the handler again.
+// the stored answer. Only 2xx answers are stored by default (see
+// WithWebhookClientErrors): any other answer or a panic releases the id so
+// the sender's retry runs the handler again.
 func (m *Middleware) Webhook(h http.Handler, id EventID) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
@@ -121,6 +172,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m := h.m
 	var key string
 	if h.rt.webhook == nil {
+		if !m.cfg.safeDedupe && safeMethod(r.Method) {
+			h.h.ServeHTTP(w, r)
+			return
+		}
 		vals := r.Header.Values(m.cfg.header)
 		switch {
 		case len(vals) == 0 && !h.rt.required:
@@ -146,7 +201,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfg.principal != nil {
 		var err error
 		if principal, err = m.cfg.principal(r); err != nil {
-			writeProblem(w, http.StatusUnauthorized, ProblemUnauthorized, "Unauthorized", "", 0)
+			writeProblem(w, http.StatusUnauthorized, ProblemUnauthorized, "Unauthorized",
+				"The request's principal could not be established.", 0)
 			return
 		}
 	}
@@ -171,7 +227,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			key, err = ParseKey(id)
 		}
 		if err != nil || key == "" {
-			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", "", 0)
+			detail := "The delivery carries no event id."
+			if err != nil {
+				detail = "The delivery's event id is invalid: " + err.Error()
+			}
+			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -179,175 +239,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fp = m.fingerprint(r, body)
 	}
 	id := scopeID(principal, method, r.URL.Path, key)
-	m.serve(w, r, h.h, id, key, fp)
+	m.serve(w, r, h, id, key, fp)
 }
 
-// serve claims id and answers from the store or runs next.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, id, key, fp string) {
-	log := m.cfg.logger
-	now := m.now()
-	claim, err := m.store.Begin(r.Context(), Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
-	if err != nil {
-		log.Error("idemserver: store unavailable; request refused", "id", id, "err", err)
-		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
-			"The idempotency store cannot be written; the request was not handled.", m.cfg.retryAfter)
-		return
+// safeMethod reports whether method is safe by RFC 9110 §9.2.1.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
 	}
-	switch claim.State {
-	case StateDone:
-		replay(w, claim.Response)
-		return
-	case StateInFlight:
-		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
-			"A request with the same "+m.cfg.header+" is being processed; retry later.", m.cfg.retryAfter)
-		return
-	case StateMismatch:
-		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
-			"This key was used with a different payload; a key must not be reused across payloads.", 0)
-		return
-	case StateAcquired:
-	default:
-		log.Error("idemserver: store returned an unknown state", "state", claim.State)
-		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable", "", m.cfg.retryAfter)
-		return
-	}
-	run := &run{m: m, id: id, token: claim.Token}
-	run.do(w, r, next, key)
-	m.maybeSweep()
-}
-
-// run is one request that holds a key: it owns the lease, the renewer and
-// the recorder until the key is completed or released.
-type run struct {
-	m         *Middleware
-	id, token string
-	settled   bool // Complete or Release was called
-}
-
-func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, key string) {
-	m := u.m
-	ctx, cancel := context.WithCancelCause(r.Context())
-	ctx = context.WithValue(ctx, keyContext{}, keyInfo{id: u.id, key: key})
-	stopRenew := u.renew(ctx, cancel)
-	rec := &recorder{w: w, max: m.cfg.maxResponse}
-	defer func() {
-		stopRenew()
-		cancel(nil)
-		if !u.settled { // the handler panicked
-			u.release("handler panicked")
-		}
-	}()
-	next.ServeHTTP(rec, r.WithContext(ctx))
-	stopRenew()
-
-	if rec.status == 0 { // the handler wrote nothing: net/http would answer 200
-		rec.WriteHeader(http.StatusOK)
-	}
-	status := rec.status
-	switch why := u.keep(status, rec); why {
-	case "":
-		resp := &Response{Status: status, Header: pick(rec.sent, m.cfg.replay), Body: rec.body.Bytes()}
-		u.settled = true
-		until := m.now().Add(m.cfg.retention)
-		if err := m.store.Complete(context.WithoutCancel(r.Context()), u.id, u.token, resp, until); err != nil {
-			m.cfg.logger.Error("idemserver: response not stored; a retry runs the handler again", "id", u.id, "err", err)
-			if !errors.Is(err, ErrLockLost) {
-				u.settled = false
-				u.release("store failed")
-			}
-		}
-	default:
-		u.release(why)
-	}
-	rec.finish()
-}
-
-// keep returns why a response is not stored, or "" to store it.
-func (u *run) keep(status int, rec *recorder) string {
-	switch {
-	case rec.hijacked:
-		return "connection hijacked"
-	case rec.overflow:
-		return "response too large to store"
-	case status >= 500:
-		return "server error"
-	case status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
-		return "retryable status"
-	case status >= 400 && !u.m.cfg.storeClient:
-		return "client error"
-	}
-	return ""
-}
-
-// release frees the key so a retry runs the handler again.
-func (u *run) release(why string) {
-	u.settled = true
-	err := u.m.store.Release(context.Background(), u.id, u.token)
-	if err != nil {
-		u.m.cfg.logger.Warn("idemserver: key not released; it frees itself when its lease ends", "id", u.id, "reason", why, "err", err)
-		return
-	}
-	u.m.cfg.logger.Debug("idemserver: key released", "id", u.id, "reason", why)
-}
-
-// renew renews the lease every third of it until the returned func is
-// called; that func waits for the renewer to stop. A lost lock cancels the
-// handler's context with ErrLockLost as its cause.
-func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
-	m := u.m
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(m.cfg.lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			err := m.store.Renew(context.WithoutCancel(ctx), u.id, u.token, m.now().Add(m.cfg.lease))
-			if errors.Is(err, ErrLockLost) {
-				m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", u.id, "err", err)
-				cancel(err)
-				return
-			}
-			if err != nil {
-				m.cfg.logger.Warn("idemserver: lease not renewed", "id", u.id, "err", err)
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done) })
-		wg.Wait()
-	}
-}
-
-// Sweep deletes the records that expired, as the middleware does by
-// itself every sweep interval, and returns how many it deleted.
-func (m *Middleware) Sweep(ctx context.Context) (int, error) {
-	now := m.now()
-	m.lastSweep.Store(now.UnixNano())
-	return m.store.Sweep(ctx, now)
-}
-
-// maybeSweep sweeps when the interval has passed and no sweep runs.
-func (m *Middleware) maybeSweep() {
-	if m.cfg.sweepEvery < 0 || m.now().UnixNano()-m.lastSweep.Load() < int64(m.cfg.sweepEvery) {
-		return
-	}
-	if !m.sweeping.CompareAndSwap(false, true) {
-		return
-	}
-	defer m.sweeping.Store(false)
-	if n, err := m.Sweep(context.Background()); err != nil {
-		m.cfg.logger.Warn("idemserver: sweep failed", "err", err)
-	} else if n > 0 {
-		m.cfg.logger.Debug("idemserver: swept expired keys", "count", n)
-	}
+	return false
 }
 
 // fingerprint returns the hex SHA-256 of the query, the fingerprint
@@ -394,15 +295,4 @@ func pick(h http.Header, names []string) http.Header {
 		}
 	}
 	return out
-}
-
-// replay sends a stored response.
-func replay(w http.ResponseWriter, resp *Response) {
-	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = v
-	}
-	h.Set(ReplayedHeader, "true")
-	w.WriteHeader(resp.Status)
-	w.Write(resp.Body)
 }

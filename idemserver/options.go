@@ -26,8 +26,12 @@ const (
 	// carry; the middleware reads it whole to fingerprint it.
 	DefaultMaxBodyBytes = 1 << 20
 	// DefaultMaxResponseBytes is the largest response body stored; a
-	// larger response is sent but not stored, and its key is released.
+	// larger response is sent, and its key keeps a "done, not kept"
+	// record (see Response.NotKept).
 	DefaultMaxResponseBytes = 1 << 20
+	// DefaultStoreTimeout bounds each call the middleware makes to its
+	// Store.
+	DefaultStoreTimeout = 5 * time.Second
 	// DefaultSweepInterval is how often expired records are swept.
 	DefaultSweepInterval = time.Minute
 	// ReplayedHeader is the response header set to "true" on a replay.
@@ -36,10 +40,22 @@ const (
 	StandardWebhookIDHeader = "Webhook-Id"
 )
 
-// DefaultReplayHeaders are the response headers stored and replayed unless
-// WithReplayHeaders says otherwise. Set-Cookie and other per-response
-// headers are left out on purpose.
-var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag", "Last-Modified"}
+// defaultReplayHeaders are the response headers stored and replayed unless
+// WithReplayHeaders says otherwise.
+var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Location", "ETag", "Last-Modified"}
+
+// DefaultReplayHeaders returns the response headers stored and replayed
+// unless WithReplayHeaders says otherwise, in a new slice. Set-Cookie and
+// other per-response headers are left out on purpose.
+func DefaultReplayHeaders() []string { return append([]string(nil), defaultReplayHeaders...) }
+
+// principalHeaders are response headers that belong to one session or
+// principal; WithReplayHeaders refuses them.
+var principalHeaders = map[string]bool{
+	"Set-Cookie": true, "Set-Cookie2": true, "Authorization": true, "Cookie": true,
+	"Www-Authenticate": true, "Proxy-Authenticate": true, "Authentication-Info": true,
+	"Proxy-Authentication-Info": true, "Clear-Site-Data": true,
+}
 
 type config struct {
 	header      string
@@ -52,14 +68,18 @@ type config struct {
 	maxBody     int64
 	maxResponse int
 	storeClient bool
+	hookClient  bool // webhook routes store 3xx and 4xx answers
+	safeDedupe  bool // GET, HEAD, OPTIONS, TRACE are deduplicated too
 	sweepEvery  time.Duration
+	timeout     time.Duration
+	refused     []string // replay headers WithReplayHeaders refused
 	logger      *slog.Logger
 }
 
 func newConfig(opts []Option) config {
 	c := config{
 		header:      DefaultKeyHeader,
-		replay:      DefaultReplayHeaders,
+		replay:      DefaultReplayHeaders(),
 		lease:       DefaultLease,
 		retention:   DefaultRetention,
 		retryAfter:  DefaultRetryAfter,
@@ -67,6 +87,7 @@ func newConfig(opts []Option) config {
 		maxResponse: DefaultMaxResponseBytes,
 		storeClient: true,
 		sweepEvery:  DefaultSweepInterval,
+		timeout:     DefaultStoreTimeout,
 	}
 	for _, o := range opts {
 		o(&c)
@@ -112,12 +133,63 @@ func WithFingerprintHeaders(names ...string) Option {
 
 // WithReplayHeaders sets the response headers stored with a response and
 // replayed; others are dropped from replays. The default is
-// DefaultReplayHeaders.
+// DefaultReplayHeaders(). Headers that belong to one session or principal
+// (Set-Cookie, WWW-Authenticate, Authentication-Info, Clear-Site-Data and
+// the like) are refused: they are left out, and New logs an error naming
+// them. WithPrincipalReplayHeaders adds them for an application that means
+// it.
 func WithReplayHeaders(names ...string) Option {
 	return func(c *config) {
-		c.replay = nil
+		c.replay, c.refused = nil, nil
+		for _, n := range names {
+			n = http.CanonicalHeaderKey(n)
+			if principalHeaders[n] {
+				c.refused = append(c.refused, n)
+				continue
+			}
+			c.replay = append(c.replay, n)
+		}
+	}
+}
+
+// WithPrincipalReplayHeaders adds response headers that belong to one
+// session or principal, such as Set-Cookie, to the replayed ones. Keys are
+// scoped by principal, so a replay goes to the principal that made the
+// request; but a replayed cookie or challenge is the one of the first
+// answer, perhaps of another session. Use it only when that is intended.
+func WithPrincipalReplayHeaders(names ...string) Option {
+	return func(c *config) {
 		for _, n := range names {
 			c.replay = append(c.replay, http.CanonicalHeaderKey(n))
+		}
+	}
+}
+
+// WithSafeMethods says whether requests with a safe method (GET, HEAD,
+// OPTIONS, TRACE) are deduplicated by key too. By default (false) they
+// pass through to the handler untouched, key or not: a read must see the
+// current state, not an answer stored earlier.
+func WithSafeMethods(dedupe bool) Option {
+	return func(c *config) { c.safeDedupe = dedupe }
+}
+
+// WithWebhookClientErrors says whether Webhook routes store 3xx and 4xx
+// answers (true) or only 2xx answers (false, the default): a receiver that
+// answers 404 because the object its event names is not committed yet
+// must see the redelivery.
+func WithWebhookClientErrors(store bool) Option {
+	return func(c *config) { c.hookClient = store }
+}
+
+// WithStoreTimeout bounds each call the middleware makes to its Store
+// (claim, renewal, completion, release, sweep), so that a database that
+// drops packets does not hold a request for the operating system's TCP
+// timeout. A claim is bounded by the request's context too. The default
+// is DefaultStoreTimeout.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.timeout = d
 		}
 	}
 }
@@ -167,9 +239,10 @@ func WithMaxBodyBytes(n int64) Option {
 }
 
 // WithMaxResponseBytes sets the largest response body, in bytes, that is
-// stored. A larger response is sent to the client as it is written, not
-// stored, and its key is released, so a retry runs the handler again. The
-// default is DefaultMaxResponseBytes.
+// stored. A larger response is sent to the client as it is written; its
+// key keeps a "done, not kept" record, so a retry gets a ProblemNotKept
+// answer and never runs the handler again. The default is
+// DefaultMaxResponseBytes.
 func WithMaxResponseBytes(n int) Option {
 	return func(c *config) {
 		if n > 0 {
@@ -187,10 +260,10 @@ func WithStoreClientErrors(store bool) Option {
 }
 
 // WithSweepInterval sets how often the middleware deletes expired records:
-// the first request to finish after the interval sweeps, after its
-// response is decided. A negative d turns sweeping off, for applications
-// that call Middleware.Sweep themselves. The default is
-// DefaultSweepInterval.
+// the first request to finish after the interval starts a sweep in a
+// goroutine of the middleware's own, off the request's path; Close waits
+// for it. A negative d turns sweeping off, for applications that call
+// Middleware.Sweep themselves. The default is DefaultSweepInterval.
 func WithSweepInterval(d time.Duration) Option {
 	return func(c *config) {
 		if d != 0 {

@@ -33,20 +33,41 @@ const (
 	// ProblemBadRequest is the type of the 400 answer when the request
 	// body cannot be read.
 	ProblemBadRequest = "https://github.com/idemgo/idem/idemserver#bad-request"
+	// ProblemNotStored is the type of the 503 answer when the handler ran
+	// but its answer could not be stored (the store failed, or the lease
+	// on the key was lost while the handler ran): the handler's answer is
+	// withheld, because a retry might get another one. The key stays
+	// locked until its lease lapses.
+	ProblemNotStored = "https://github.com/idemgo/idem/idemserver#response-not-stored"
+	// ProblemNotKept is the type of the 409 answer to a retry of a
+	// request that was handled and answered, but whose answer could not
+	// be kept (too large, a hijacked connection, a stream cut off). The
+	// handler does not run again; the document's original_status member
+	// holds the status first sent, when it is known. The type contains
+	// "already-used", which idem's client reads as a permanent conflict.
+	ProblemNotKept = "https://github.com/idemgo/idem/idemserver#already-used-response-not-kept"
 )
 
 // problemDoc is an RFC 9457 problem details document.
+// Every document the middleware writes has all four standard members.
 type problemDoc struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
+	Type           string `json:"type"`
+	Title          string `json:"title"`
+	Status         int    `json:"status"`
+	Detail         string `json:"detail"`
+	OriginalStatus int    `json:"original_status,omitempty"`
 }
 
 // writeProblem answers with an application/problem+json document; a
 // positive retryAfter sets Retry-After in whole seconds, rounded up.
 func writeProblem(w http.ResponseWriter, status int, typ, title, detail string, retryAfter time.Duration) {
-	body, _ := json.Marshal(problemDoc{Type: typ, Title: title, Status: status, Detail: detail})
+	writeDoc(w, problemDoc{Type: typ, Title: title, Status: status, Detail: detail}, retryAfter)
+}
+
+// writeDoc answers with the problem document doc.
+func writeDoc(w http.ResponseWriter, doc problemDoc, retryAfter time.Duration) {
+	status := doc.Status
+	body, _ := json.Marshal(doc)
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

@@ -8,10 +8,12 @@ import (
 )
 
 // recorder is the http.ResponseWriter a handler that holds a key writes
-// to. It buffers the response so that it can be stored before it is sent;
-// once the body outgrows the storage limit, or the handler flushes, it
-// sends what it has and writes through from then on. Like net/http, it
-// takes the header as it stands when the status is written.
+// to. It buffers the response so that it can be stored before it is sent.
+// Once the handler flushes, or the body outgrows the storage limit, it
+// sends what it has and writes through from then on; it still keeps a
+// copy of a flushed body that fits, so a stream is stored when it ends.
+// Like net/http, it takes the header as it stands when the status is
+// written.
 type recorder struct {
 	w        http.ResponseWriter
 	max      int
@@ -20,6 +22,7 @@ type recorder struct {
 	body     bytes.Buffer
 	through  bool // the status and buffered body went to w
 	overflow bool // the body outgrew max; body is no longer kept
+	failed   bool // a write or flush to w failed after the status went out
 	hijacked bool
 }
 
@@ -31,6 +34,9 @@ func (rec *recorder) Header() http.Header { return rec.w.Header() }
 // WriteHeader implements http.ResponseWriter. Informational (1xx) answers
 // go out at once and are not stored.
 func (rec *recorder) WriteHeader(status int) {
+	if rec.hijacked {
+		return
+	}
 	if status < 200 {
 		rec.w.WriteHeader(status)
 		return
@@ -43,21 +49,28 @@ func (rec *recorder) WriteHeader(status int) {
 
 // Write implements http.ResponseWriter.
 func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.hijacked {
+		return 0, http.ErrHijacked
+	}
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
 	if !rec.overflow && rec.body.Len()+len(p) > rec.max {
-		rec.overflow = true
 		rec.passThrough()
+		rec.overflow = true
 		rec.body = bytes.Buffer{}
 	}
 	if !rec.overflow {
 		rec.body.Write(p)
 	}
-	if rec.through {
-		return rec.w.Write(p)
+	if !rec.through {
+		return len(p), nil
 	}
-	return len(p), nil
+	n, err := rec.w.Write(p)
+	if err != nil {
+		rec.failed = true
+	}
+	return n, err
 }
 
 // passThrough sends the status and the body buffered so far.
@@ -72,21 +85,31 @@ func (rec *recorder) passThrough() {
 	}
 	rec.w.WriteHeader(rec.status)
 	if rec.body.Len() > 0 {
-		rec.w.Write(rec.body.Bytes())
+		if _, err := rec.w.Write(rec.body.Bytes()); err != nil {
+			rec.failed = true
+		}
 	}
 }
 
 // FlushError sends what was written so far; the response is still stored
-// if it fits. It implements the interface http.ResponseController uses.
+// when the handler returns, if it fits. It implements the interface
+// http.ResponseController uses.
 func (rec *recorder) FlushError() error {
+	if rec.hijacked {
+		return http.ErrHijacked
+	}
 	rec.passThrough()
-	return http.NewResponseController(rec.w).Flush()
+	err := http.NewResponseController(rec.w).Flush()
+	if err != nil {
+		rec.failed = true
+	}
+	return err
 }
 
 // Flush implements http.Flusher.
 func (rec *recorder) Flush() { _ = rec.FlushError() }
 
-// Hijack implements http.Hijacker. A hijacked response is not stored.
+// Hijack implements http.Hijacker. A hijacked response is not kept.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, brw, err := http.NewResponseController(rec.w).Hijack()
 	if err == nil {

@@ -17,7 +17,13 @@ import (
 // Each method must be atomic with respect to the others for the same id; a
 // SQL store does Begin as one conditional insert (INSERT ... ON CONFLICT
 // DO UPDATE ... WHERE expires <= now) and Renew, Complete and Release as
-// updates or deletes guarded by id and token.
+// updates or deletes guarded by id, token and a live lease in the same
+// statement.
+//
+// A store shared by replicas must judge leases by one clock: it may read
+// the Now fields as the caller's view and use its own (the database's)
+// clock for every comparison, keeping the durations the caller asked for
+// (LeaseUntil minus Now). Such a store says so in its doc.
 //
 // Implementations must be safe for concurrent use and should pass
 // storetest.Run.
@@ -30,17 +36,23 @@ type Store interface {
 	// token. Otherwise it changes nothing and returns StateMismatch if the
 	// record's fingerprint differs, else StateInFlight with the lease's
 	// end, or StateDone with the stored response. The acquired record must
-	// be durable when Begin returns.
+	// be durable when Begin returns, unless no other process can use the
+	// store (a locked file): then it may live in memory, and a crash frees
+	// it, since no handler of it can still run.
 	Begin(ctx context.Context, b Begin) (Claim, error)
 	// Renew moves the lease of the in-flight record id held under token to
 	// until. It returns an error matching ErrLockLost if the record is
-	// gone, done or held under another token.
-	Renew(ctx context.Context, id, token string, until time.Time) error
-	// Complete stores resp as the outcome of the in-flight record id held
-	// under token and keeps it until the time until. The record must be
-	// durable when Complete returns. It returns an error matching
-	// ErrLockLost if the record is gone, done or held under another token.
-	Complete(ctx context.Context, id, token string, resp *Response, until time.Time) error
+	// gone, done, held under another token, or its lease lapsed at or
+	// before now.
+	Renew(ctx context.Context, id, token string, now, until time.Time) error
+	// Complete stores c.Response as the outcome of the in-flight record
+	// c.ID held under c.Token and keeps it until c.Until. The check and
+	// the change are one atomic step: it returns an error matching
+	// ErrLockLost, and changes nothing, if the record is gone, done, held
+	// under another token, or its lease lapsed at or before c.Now. The
+	// record must be durable when Complete returns. A response with
+	// NotKept set is stored as such, without header or body.
+	Complete(ctx context.Context, c Completion) error
 	// Release deletes the in-flight record id held under token, so that the
 	// next request with its key runs. It returns an error matching
 	// ErrLockLost if the record is gone, done or held under another token.
@@ -66,6 +78,19 @@ type Begin struct {
 	Now time.Time
 	// LeaseUntil is when the lease of an acquired record ends.
 	LeaseUntil time.Time
+}
+
+// Completion holds the arguments of Store.Complete.
+type Completion struct {
+	// ID and Token name the in-flight record and the caller's hold on it.
+	ID, Token string
+	// Response is the outcome to store; it must not be nil.
+	Response *Response
+	// Now is the time of the completion: a lease that ended at or before
+	// it is lost.
+	Now time.Time
+	// Until is when the stored response expires.
+	Until time.Time
 }
 
 // State is the outcome of Store.Begin.
@@ -122,6 +147,13 @@ type Response struct {
 	Header http.Header
 	// Body is the whole response body.
 	Body []byte
+	// NotKept marks the record of a request whose handler ran and whose
+	// answer went to the client but could not be kept: a body over
+	// WithMaxResponseBytes, a hijacked connection, a stream cut off after
+	// its first flush. Status is the status sent (0 if unknown); Header
+	// and Body are empty. A retry is answered with a ProblemNotKept
+	// document, never by running the handler again.
+	NotKept bool
 }
 
 // Errors of stores and of the middleware's setup. Each is returned wrapped;
@@ -139,6 +171,11 @@ var (
 	// ErrStoreCorrupt is returned when the store file or a record in it
 	// cannot be read: a truncated, damaged or foreign file.
 	ErrStoreCorrupt = errors.New("idemserver: store is corrupt")
+	// ErrRolledBack is returned by RequestTx.Commit when nothing was
+	// committed, for certain: the database refused the commit (a deferred
+	// constraint, a serialization failure) or the transaction failed
+	// earlier. The handler's writes and the answer are both gone.
+	ErrRolledBack = errors.New("idemserver: request transaction rolled back")
 	// ErrStoreWrite is returned when a change could not be made durable
 	// (a full disk, a read-only file, an I/O error) or the store could not
 	// be reached (a database that is down).

@@ -22,29 +22,34 @@ import (
 // goroutines and by many processes sharing one database and schema.
 //
 // Begin is one statement, one round trip and one commit: an insert that,
-// on a conflict, takes over the existing row only if it expired at the
-// request's time, and otherwise reads the row it conflicted with. Renew,
-// Complete and Release are single updates or deletes guarded by id and
-// token. Begin and Complete return after PostgreSQL committed their
-// change, so with the server's default synchronous_commit=on a claimed
-// key and a stored response are on disk before the handler runs and
-// before the response is sent.
+// on a conflict, takes over the existing row only if it expired, and
+// otherwise reads the row it conflicted with. Renew, Complete and Release
+// are single updates or deletes guarded by id, token and (Renew,
+// Complete) a live lease, all in the same statement. Begin and Complete
+// return after PostgreSQL committed their change, so with the server's
+// default synchronous_commit=on a claimed key and a stored response are
+// on disk before the handler runs and before the response is sent.
 //
-// The store has no clock: it keeps the times its callers pass, in Unix
-// nanoseconds, and compares them as they are. Replicas whose clocks
-// disagree by more than a fraction of the lease may take over a key early;
-// keep them synchronized (NTP).
+// One clock: the database's. The store judges every lease and expiry by
+// PostgreSQL's clock_timestamp(), never by the replica's: from the times
+// the middleware passes it keeps only the durations (a lease is
+// LeaseUntil minus Now, a retention Until minus Now) and adds them to the
+// database's time. A replica whose clock runs ahead cannot take over a
+// live key, and one whose clock lags cannot keep a lapsed one.
+// (clock_timestamp, not now(): now() is the start of the transaction,
+// which for a request's transaction may be long before its commit.)
+//
+// The request's transaction: ServerStore is an idemserver.TxStore; see
+// Tx for how a handler writes its rows in the same transaction as the
+// stored answer.
 //
 // Failures: every error from PostgreSQL (unreachable, restarted, a
 // terminated connection) matches idemserver.ErrStoreWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
 // closed); an error caused by the caller's context is returned as it is.
 // A row that cannot be read matches idemserver.ErrStoreCorrupt. The
-// middleware calls Complete and Release with contexts that are never
-// cancelled, so bound how long a connection attempt may take with
-// connect_timeout in the DSN: a database that drops packets instead of
-// refusing connections would otherwise hold those calls for the
-// operating system's TCP timeout.
+// middleware bounds each call with its store timeout; bound connection
+// attempts with connect_timeout in the DSN too.
 //
 // Cost: Begin locks the row it finds even when it only reads it (a replay
 // or a 409), so every Begin is a write transaction and, with
@@ -53,16 +58,22 @@ import (
 // Schema: the table inbound_keys lives in the store's schema (see
 // WithSchema), next to the client Store's tables, and is created by the
 // same embedded, versioned migrations under the same advisory lock, so
-// replicas that start at once migrate once.
+// replicas that start at once migrate once. A record whose answer was not
+// kept (idemserver.Response.NotKept) is a row with a negative status,
+// -1 minus the status sent, and no header or body.
 type ServerStore struct {
 	pool    *pgxpool.Pool
 	ownPool bool // OpenServerStore made the pool, so Close closes it
 	schema  string
 	q       serverQueries
 	closed  atomic.Bool
+	// callerClock makes the store judge leases by the times its callers
+	// pass, as stores without a shared clock do; for tests that move time
+	// (see export_test.go), never for production.
+	callerClock bool
 }
 
-var _ idemserver.Store = (*ServerStore)(nil)
+var _ idemserver.TxStore = (*ServerStore)(nil)
 
 // OpenServerStore connects to the database at dsn (a PostgreSQL URL or
 // key=value string, as pgxpool.ParseConfig takes), creates or migrates
@@ -111,7 +122,8 @@ func (s *ServerStore) Pool() *pgxpool.Pool { return s.pool }
 func (s *ServerStore) Schema() string { return s.schema }
 
 // serverQueries holds the ServerStore's SQL with its table name filled in.
-// Each is one statement, so one implicit transaction and one commit.
+// Each is one statement, so one implicit transaction and one commit
+// (complete also runs inside a request's transaction).
 type serverQueries struct {
 	begin, renew, complete, release, sweep string
 }
@@ -120,44 +132,66 @@ type serverQueries struct {
 // request waits behind one long delete.
 const sweepChunk = 1000
 
+// dbNow is the database's time in Unix nanoseconds, unless the parameter
+// it is given holds the caller's (callerClock).
+func dbNow(param string) string {
+	return `coalesce(` + param + `::bigint, (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint)`
+}
+
 func newServerQueries(schema string) serverQueries {
 	t := pgx.Identifier{schema, "inbound_keys"}.Sanitize()
 	return serverQueries{
-		// Begin: $1 id, $2 fingerprint, $3 new token, $4 now, $5 lease
-		// until. The upsert replaces a row that expired at $4 and locks
-		// any other; then the second branch reads that row. It reads it
-		// from the statement's snapshot, which misses a row committed
-		// after the snapshot was taken (no row comes back) and may show a
-		// version older than the one the upsert locked (an expired one);
-		// the caller then runs the statement again, with a new snapshot.
-		begin: `WITH up AS (
-			INSERT INTO ` + t + ` AS k (id, fingerprint, token, expires) VALUES ($1, $2, $3, $5)
+		// Begin: $1 id, $2 fingerprint, $3 new token, $4 caller's now or
+		// NULL, $5 lease in nanoseconds. The upsert replaces a row that
+		// expired by the statement's time and locks any other; then the
+		// second branch reads that row. It reads it from the statement's
+		// snapshot, which misses a row committed after the snapshot was
+		// taken (no row comes back) and may show a version older than the
+		// one the upsert locked (an expired one); the caller then runs the
+		// statement again, with a new snapshot.
+		begin: `WITH c AS MATERIALIZED (SELECT ` + dbNow("$4") + ` AS now),
+		up AS (
+			INSERT INTO ` + t + ` AS k (id, fingerprint, token, expires) SELECT $1, $2, $3, c.now + $5 FROM c
 			ON CONFLICT (id) DO UPDATE SET fingerprint = excluded.fingerprint, token = excluded.token,
 				expires = excluded.expires, status = NULL, header = NULL, body = NULL
-			WHERE k.expires <= $4
+			WHERE k.expires <= excluded.expires - $5::bigint
 			RETURNING 1
 		)
-		SELECT true, '', 0::bigint, NULL::integer, NULL::bytea, NULL::bytea FROM up
+		SELECT true, '', 0::bigint, NULL::integer, NULL::bytea, NULL::bytea, c.now FROM up, c
 		UNION ALL
-		SELECT false, fingerprint, expires, status, header, body FROM ` + t + `
-		WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
+		SELECT false, k.fingerprint, k.expires, k.status, k.header, k.body, c.now FROM ` + t + ` k, c
+		WHERE k.id = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
 
-		// Renew: $2 token, $3 lease until.
-		renew: `UPDATE ` + t + ` SET expires = $3 WHERE id = $1 AND token = $2 AND status IS NULL`,
+		// Renew: $2 token, $3 caller's now or NULL, $4 lease in ns.
+		renew: `UPDATE ` + t + ` k SET expires = c.now + $4 FROM (SELECT ` + dbNow("$3") + ` AS now) c
+		WHERE k.id = $1 AND k.token = $2 AND k.status IS NULL AND k.expires > c.now`,
 
-		// Complete: $2 token, $3 status, $4 header, $5 body, $6 until.
-		complete: `UPDATE ` + t + ` SET token = '', status = $3, header = $4, body = $5, expires = $6
-		WHERE id = $1 AND token = $2 AND status IS NULL`,
+		// Complete: $2 token, $3 caller's now or NULL, $4 status, $5
+		// header, $6 body, $7 retention in ns.
+		complete: `UPDATE ` + t + ` k SET token = '', status = $4, header = $5, body = $6, expires = c.now + $7
+		FROM (SELECT ` + dbNow("$3") + ` AS now) c
+		WHERE k.id = $1 AND k.token = $2 AND k.status IS NULL AND k.expires > c.now`,
 
 		release: `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND status IS NULL`,
 
-		// Sweep: $1 now. Rows that another statement holds (a Begin taking
-		// an expired key over, another replica's Sweep) are skipped; rows
-		// changed since the snapshot are checked again when locked.
+		// Sweep: $1 caller's now or NULL. Rows that another statement
+		// holds (a Begin taking an expired key over, another replica's
+		// Sweep) are skipped; rows changed since the snapshot are checked
+		// again when locked.
 		sweep: `DELETE FROM ` + t + ` WHERE id IN (
-			SELECT id FROM ` + t + ` WHERE expires <= $1 ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
+			SELECT id FROM ` + t + ` WHERE expires <= ` + dbNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
 			FOR UPDATE SKIP LOCKED)`,
 	}
+}
+
+// callerNow returns t in Unix nanoseconds for a store that judges by its
+// callers' clock, and nil (the database's clock) otherwise.
+func (s *ServerStore) callerNow(t time.Time) *int64 {
+	if !s.callerClock {
+		return nil
+	}
+	n := nanos(t)
+	return &n
 }
 
 // beginTries bounds how often Begin runs its statement again after its
@@ -196,17 +230,17 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 		return idemserver.Claim{}, err
 	}
 	tok := uuid.NewString()
-	now := nanos(b.Now)
+	lease := nanos(b.LeaseUntil) - nanos(b.Now)
 	for range beginTries {
 		var (
 			acquired     bool
 			fp           string
-			expires      int64
+			expires, now int64
 			status       *int32
 			header, body []byte
 		)
-		err := s.pool.QueryRow(ctx, s.q.begin, b.ID, b.Fingerprint, tok, now, nanos(b.LeaseUntil)).
-			Scan(&acquired, &fp, &expires, &status, &header, &body)
+		err := s.pool.QueryRow(ctx, s.q.begin, b.ID, b.Fingerprint, tok, s.callerNow(b.Now), lease).
+			Scan(&acquired, &fp, &expires, &status, &header, &body, &now)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // the row it conflicted with is newer than the snapshot
@@ -218,8 +252,10 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 			continue // an older version than the one the upsert found live
 		case fp != b.Fingerprint:
 			return idemserver.Claim{State: idemserver.StateMismatch}, nil
-		case status == nil:
-			return idemserver.Claim{State: idemserver.StateInFlight, LeaseUntil: fromNanos(expires)}, nil
+		case status == nil: // the holder's lease end, in the caller's time
+			return idemserver.Claim{State: idemserver.StateInFlight, LeaseUntil: b.Now.Add(time.Duration(expires - now))}, nil
+		case *status < 0:
+			return idemserver.Claim{State: idemserver.StateDone, Response: &idemserver.Response{Status: int(-1 - *status), NotKept: true}}, nil
 		}
 		resp := &idemserver.Response{Status: int(*status), Body: body}
 		if header != nil {
@@ -249,20 +285,40 @@ func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any)
 }
 
 // Renew implements idemserver.Store.
-func (s *ServerStore) Renew(ctx context.Context, id, token string, until time.Time) error {
-	return s.held(ctx, "renew", s.q.renew, id, id, token, nanos(until))
+func (s *ServerStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
+	return s.held(ctx, "renew", s.q.renew, id, id, token, s.callerNow(now), nanos(until)-nanos(now))
+}
+
+// completeArgs returns the arguments of the complete statement for c.
+func (s *ServerStore) completeArgs(c idemserver.Completion) ([]any, error) {
+	resp := c.Response
+	if resp == nil {
+		return nil, fmt.Errorf("pgstore: complete %s: nil response", c.ID)
+	}
+	status := int32(resp.Status)
+	var header, body []byte
+	if resp.NotKept {
+		status = -1 - status
+	} else {
+		var err error
+		if header, err = encodeHeader(resp.Header); err != nil {
+			return nil, fmt.Errorf("pgstore: complete %s: header: %w", c.ID, err)
+		}
+		body = resp.Body
+		if body == nil {
+			body = []byte{}
+		}
+	}
+	return []any{c.ID, c.Token, s.callerNow(c.Now), status, header, body, nanos(c.Until) - nanos(c.Now)}, nil
 }
 
 // Complete implements idemserver.Store.
-func (s *ServerStore) Complete(ctx context.Context, id, token string, resp *idemserver.Response, until time.Time) error {
-	if resp == nil {
-		return fmt.Errorf("pgstore: complete %s: nil response", id)
-	}
-	header, err := encodeHeader(resp.Header)
+func (s *ServerStore) Complete(ctx context.Context, c idemserver.Completion) error {
+	args, err := s.completeArgs(c)
 	if err != nil {
-		return fmt.Errorf("pgstore: complete %s: header: %w", id, err)
+		return err
 	}
-	return s.held(ctx, "complete", s.q.complete, id, id, token, int32(resp.Status), header, resp.Body, nanos(until))
+	return s.held(ctx, "complete", s.q.complete, c.ID, args...)
 }
 
 // Release implements idemserver.Store.
@@ -279,7 +335,7 @@ func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 		if err := s.check(ctx); err != nil {
 			return total, err
 		}
-		tag, err := s.pool.Exec(ctx, s.q.sweep, nanos(now))
+		tag, err := s.pool.Exec(ctx, s.q.sweep, s.callerNow(now))
 		if err != nil {
 			return total, s.fail(ctx, "sweep", err)
 		}

@@ -38,7 +38,8 @@ func TestServerStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) idemserver.Store {
 		s, err := pgstore.OpenServerStore(testContext(t), dsn, pgstore.WithSchema(pgtest.Schema(t, dsn)))
 		require.NoError(t, err)
-		return s // Run closes it
+		pgstore.SetCallerClock(s) // the suite moves time by the times it passes
+		return s                  // Run closes it
 	})
 }
 
@@ -46,6 +47,7 @@ func TestServerStoreConformance(t *testing.T) {
 func TestServerStoreExactTimes(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	s := openServerStore(t, dsn, pgtest.Schema(t, dsn))
+	pgstore.SetCallerClock(s)
 	ctx := testContext(t)
 	now := time.Date(2026, 11, 29, 12, 0, 0, 123456789, time.UTC)
 	until := now.Add(30*time.Second + 987*time.Nanosecond)
@@ -70,6 +72,9 @@ func TestServerStoreTakeoverAcrossReplicas(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	schema := pgtest.Schema(t, dsn)
 	stores := []*pgstore.ServerStore{openServerStore(t, dsn, schema), openServerStore(t, dsn, schema)}
+	for _, s := range stores {
+		pgstore.SetCallerClock(s)
+	}
 	ctx := testContext(t)
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	for round := range 20 {

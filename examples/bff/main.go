@@ -1,34 +1,50 @@
 // Command bff shows idem on both sides of a backend-for-frontend: a mobile
 // app on a flaky network places 20 orders with a BFF, which charges each
-// order at a payment provider that loses answers too, and every order is
-// charged exactly once.
+// order at a payment provider that loses answers too and writes the order
+// to its database, and every order is charged once and written once.
 //
 // It shows:
 //   - idemserver middleware on the BFF's POST /orders: the app's
-//     Idempotency-Key is required, claimed in a bbolt store before the
-//     handler runs, and the answer stored before it is sent;
+//     Idempotency-Key is required and claimed in PostgreSQL
+//     (pgstore.ServerStore) before the handler runs, fleet-wide;
+//   - the order row written with pgstore.Tx, in the same transaction as
+//     the stored answer: they commit together, conditional on the BFF
+//     still holding the key, or vanish together (a 5xx, a panic, a lost
+//     key, a crash), so a retry never writes a second row;
 //   - the app's retries after a lost answer get the stored answer again,
 //     marked "Idempotent-Replayed: true"; a double tap while the first
 //     request still runs gets 409 with Retry-After;
 //   - chained keys: the BFF's charge goes through an idem client with
 //     idemserver.Step(ctx, "charge"), a key derived from the app's key, so
 //     every re-drive of an order reaches the provider with the same key;
+//     the charge runs before the transaction begins, so no database
+//     connection waits on the provider;
 //   - the idem client retrying the provider's lost answers and 503s with
 //     that key, and the provider replaying instead of charging again;
-//   - the proof, from the provider's own ledger: each order charged once,
-//     and every answer the app got for an order the same. The program
-//     exits with status 1 otherwise.
+//   - the proof, from the provider's ledger and the BFF's orders table:
+//     each order charged once and written once, and every answer the app
+//     got for an order the same. The program exits with status 1
+//     otherwise.
+//
+// It needs a PostgreSQL server (the role must be allowed to create a
+// schema; the program drops the schema it made when it ends):
+//
+//	IDEM_POSTGRES=postgres://user:pass@127.0.0.1:5432/db go run ./examples/bff
+//	go run ./examples/bff -dsn postgres://user:pass@127.0.0.1:5432/db
 //
 // The provider (an idemtest server) and the BFF run in this process on
-// loopback; nothing needs setting up. The BFF's key store and the idem
-// journal are kept in a temporary directory, whose path is printed.
-//
-// Run it with: go run ./examples/bff
+// loopback. The idem client's journal is kept in a temporary directory,
+// whose path is printed. The example is a module of its own, so that the
+// idem module does not depend on pgx.
 package main
 
 import (
 	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -41,9 +57,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/pgstore"
 )
 
 const (
@@ -53,12 +72,18 @@ const (
 )
 
 func main() {
+	dsn := flag.String("dsn", os.Getenv("IDEM_POSTGRES"), "PostgreSQL URL of the BFF's database (default $IDEM_POSTGRES)")
+	flag.Parse()
+	if *dsn == "" {
+		fmt.Fprintln(os.Stderr, "bff: needs PostgreSQL: set IDEM_POSTGRES=postgres://... or pass -dsn")
+		os.Exit(2)
+	}
 	dir, err := os.MkdirTemp("", "idem-bff-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	rep, err := run(os.Stdout, dir)
+	rep, err := run(os.Stdout, *dsn, dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bff:", err)
 		os.Exit(1)
@@ -71,13 +96,15 @@ func main() {
 // report is what a run found; the test checks it.
 type report struct {
 	Orders, ChargedOnce, ChargedTwice, NeverCharged int
+	WrittenOnce, WrittenTwice                       int // order rows in the BFF's database
 	Attempts, Lost, Conflicts, Replays, Answers     int
 	Consistent                                      int // orders whose every answer was the same
 	ProviderReplays                                 int
 }
 
 func (r report) ok() bool {
-	return r.ChargedOnce == r.Orders && r.Consistent == r.Orders && r.ChargedTwice == 0 && r.NeverCharged == 0
+	return r.ChargedOnce == r.Orders && r.Consistent == r.Orders && r.ChargedTwice == 0 && r.NeverCharged == 0 &&
+		r.WrittenOnce == r.Orders && r.WrittenTwice == 0
 }
 
 // order is the app's request, the BFF's answer and the provider's charge.
@@ -110,19 +137,28 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(o)
 }
 
-func run(out io.Writer, dir string) (report, error) {
+func run(out io.Writer, dsn, dir string) (report, error) {
 	var rep report
+	ctx := context.Background()
 	led := &ledger{charges: map[string]int{}}
 	provider := idemtest.NewServer(led, idemtest.WithRetryAfter(0),
 		idemtest.WithFaultRates(idemtest.FaultRates{Seed: 7, DropAfter: 0.25, Unavailable: 0.1}))
 	defer provider.Close()
 
-	storePath, journalPath := filepath.Join(dir, "keys.db"), filepath.Join(dir, "journal.db")
-	store, err := idemserver.OpenBoltStore(storePath, nil)
+	journalPath := filepath.Join(dir, "journal.db")
+	var b [6]byte
+	crand.Read(b[:])
+	schema := "idem_bff_" + hex.EncodeToString(b[:])
+	store, err := pgstore.OpenServerStore(ctx, dsn, pgstore.WithSchema(schema))
 	if err != nil {
 		return rep, err
 	}
 	defer store.Close()
+	defer store.Pool().Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+	table := pgx.Identifier{schema, "orders"}.Sanitize()
+	if _, err := store.Pool().Exec(ctx, `CREATE TABLE `+table+` (id text NOT NULL, amount integer NOT NULL, charge text NOT NULL)`); err != nil {
+		return rep, err
+	}
 	client, err := idem.Open(journalPath, idem.WithBackoff(time.Millisecond, 20*time.Millisecond), idem.WithMaxAttempts(8))
 	if err != nil {
 		return rep, err
@@ -130,14 +166,15 @@ func run(out io.Writer, dir string) (report, error) {
 	defer client.Close()
 
 	mw := idemserver.New(store, idemserver.WithRetryAfter(time.Second))
+	defer mw.Close()
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Required(orderHandler(client.HTTPClient(), provider.URL)))
+	mux.Handle("POST /orders", mw.Required(orderHandler(client.HTTPClient(), provider.URL, table)))
 	var lost atomic.Int64
 	bff := httptest.NewServer(flakyNetwork(mux, &lost))
 	defer bff.Close()
 
 	fmt.Fprintf(out, "provider  %s (loses 25%% of its answers, 10%% 503)\n", provider.URL)
-	fmt.Fprintf(out, "bff       %s (keys %s, journal %s)\n", bff.URL, storePath, journalPath)
+	fmt.Fprintf(out, "bff       %s (keys and orders in schema %s, journal %s)\n", bff.URL, schema, journalPath)
 	fmt.Fprintf(out, "app       %d orders, %d at a time, %.0f%% of answers lost on the way back\n\n", orders, workers, loseRate*100)
 
 	results := make([]appResult, orders)
@@ -159,6 +196,23 @@ func run(out io.Writer, dir string) (report, error) {
 	}
 	wg.Wait()
 
+	written := map[string]int{}
+	rows, err := store.Pool().Query(ctx, `SELECT id, count(*) FROM `+table+` GROUP BY id`)
+	if err != nil {
+		return rep, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return rep, err
+		}
+		written[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+
 	led.mu.Lock()
 	defer led.mu.Unlock()
 	rep.Orders = orders
@@ -171,6 +225,13 @@ func run(out io.Writer, dir string) (report, error) {
 			rep.NeverCharged++
 		default:
 			rep.ChargedTwice++
+		}
+		switch written[id] {
+		case 1:
+			rep.WrittenOnce++
+		case 0:
+		default:
+			rep.WrittenTwice++
 		}
 		same := len(res.answers) > 0
 		for _, a := range res.answers {
@@ -187,8 +248,8 @@ func run(out io.Writer, dir string) (report, error) {
 		if len(res.answers) > 0 {
 			charge = res.answers[0].Charge
 		}
-		fmt.Fprintf(out, "order %s  %2d attempts  %d answers (%d replayed)  charge %-12s  charged %dx\n",
-			id, res.attempts, len(res.answers), res.replayed, charge, led.charges[id])
+		fmt.Fprintf(out, "order %s  %2d attempts  %d answers (%d replayed)  charge %-12s  charged %dx  written %dx\n",
+			id, res.attempts, len(res.answers), res.replayed, charge, led.charges[id], written[id])
 	}
 	rep.Lost = int(lost.Load())
 	st := provider.Stats()
@@ -198,17 +259,19 @@ func run(out io.Writer, dir string) (report, error) {
 		rep.Attempts, rep.Lost, rep.Conflicts, rep.Replays, rep.Answers)
 	fmt.Fprintf(out, "provider: %d requests, %d charges, %d lost answers replayed by key\n", st.Requests, st.Runs, st.Replays)
 	if !rep.ok() {
-		fmt.Fprintf(out, "FAILED: %d of %d orders charged exactly once (%d twice, %d never); %d with consistent answers\n",
-			rep.ChargedOnce, rep.Orders, rep.ChargedTwice, rep.NeverCharged, rep.Consistent)
+		fmt.Fprintf(out, "FAILED: %d of %d orders charged exactly once (%d twice, %d never), %d written once (%d twice); %d with consistent answers\n",
+			rep.ChargedOnce, rep.Orders, rep.ChargedTwice, rep.NeverCharged, rep.WrittenOnce, rep.WrittenTwice, rep.Consistent)
 		return rep, nil
 	}
-	fmt.Fprintf(out, "every order charged exactly once; every app retry got the stored answer\n")
+	fmt.Fprintf(out, "every order charged exactly once and written exactly once; every app retry got the stored answer\n")
 	return rep, nil
 }
 
 // orderHandler is the BFF's POST /orders: it charges the order at the
-// provider with a key derived from the app's key and answers the charge.
-func orderHandler(hc *http.Client, provider string) http.Handler {
+// provider with a key derived from the app's key, writes the order row in
+// the request's transaction (committed with the stored answer) and
+// answers the charge.
+func orderHandler(hc *http.Client, provider, table string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var o order
 		if err := json.NewDecoder(r.Body).Decode(&o); err != nil || o.ID == "" {
@@ -228,6 +291,14 @@ func orderHandler(hc *http.Client, provider string) http.Handler {
 		var c order
 		if resp.StatusCode != http.StatusCreated || json.NewDecoder(resp.Body).Decode(&c) != nil {
 			http.Error(w, "provider said "+resp.Status, http.StatusBadGateway)
+			return
+		}
+		// The charge is done (and replayed by key on a re-drive); now the
+		// order row, in the transaction the middleware commits together
+		// with the answer below.
+		tx := pgstore.Tx(r.Context())
+		if _, err := tx.Exec(r.Context(), `INSERT INTO `+table+` (id, amount, charge) VALUES ($1, $2, $3)`, c.ID, c.Amount, c.Charge); err != nil {
+			http.Error(w, "order not written", http.StatusInternalServerError) // 5xx: rolled back, not stored
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -13,7 +13,15 @@
 //	}
 //
 // The suite passes every time explicitly (whole seconds, UTC), so a store
-// that keeps timestamps in a database column runs it as it is.
+// that keeps timestamps in a database column runs it as it is. A store
+// that judges leases by a clock of its own (a database's) must let the
+// suite's times stand in for that clock while it runs (pgstore does so in
+// its tests).
+//
+// Besides claims, leases, replays and sweeps, the suite checks that
+// completion and renewal are conditional on a live lease (a fenced
+// handler's answer is refused) and that "done, not kept" records
+// (Response.NotKept) round-trip.
 package storetest
 
 import (
@@ -60,6 +68,9 @@ func Run(t *testing.T, open func(t *testing.T) idemserver.Store) {
 		{"SweepDeletesExpired", testSweep},
 		{"KeysAreIndependent", testIndependent},
 		{"ConcurrentBeginAcquiresOnce", testConcurrent},
+		{"CompleteAfterLapseIsLost", testCompleteAfterLapse},
+		{"RenewAfterLapseIsLost", testRenewAfterLapse},
+		{"NotKeptRoundTrip", testNotKept},
 		{"ClosedStoreRefuses", testClosed},
 	}
 	for _, tt := range tests {
@@ -122,6 +133,11 @@ func must(t *testing.T, op string, err error) {
 	}
 }
 
+// complete calls s.Complete with the given arguments.
+func complete(s idemserver.Store, id, token string, resp *idemserver.Response, now, until time.Time) error {
+	return s.Complete(ctx, idemserver.Completion{ID: id, Token: token, Response: resp, Now: now, Until: until})
+}
+
 func okResponse() *idemserver.Response {
 	return &idemserver.Response{
 		Status: http.StatusCreated,
@@ -159,7 +175,7 @@ func testInFlight(t *testing.T, s idemserver.Store) {
 func testMismatch(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(time.Second)), idemserver.StateMismatch)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(2*time.Second)), idemserver.StateMismatch)
 	// The mismatch changed nothing.
 	wantState(t, begin(t, s, "k1", fpA, t0.Add(3*time.Second)), idemserver.StateDone)
@@ -168,7 +184,7 @@ func testMismatch(t *testing.T, s idemserver.Store) {
 func testDone(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	// Completing moves the expiry from the lease to the retention.
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	c := begin(t, s, "k1", fpA, t0.Add(lease+time.Hour))
 	wantState(t, c, idemserver.StateDone)
 	if c.Token != "" {
@@ -210,7 +226,7 @@ func testRoundTrip(t *testing.T, s idemserver.Store) {
 	for i, want := range cases {
 		id := fmt.Sprintf("rt%d", i)
 		tok := acquire(t, s, id, fpA, t0)
-		must(t, "Complete", s.Complete(ctx, id, tok, want, t0.Add(keep)))
+		must(t, "Complete", complete(s, id, tok, want, t0, t0.Add(keep)))
 		c := begin(t, s, id, fpA, t0.Add(time.Minute))
 		wantState(t, c, idemserver.StateDone)
 		checkResponse(t, c.Response, want)
@@ -220,7 +236,7 @@ func testRoundTrip(t *testing.T, s idemserver.Store) {
 func testRetention(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
 	until := t0.Add(keep)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), until))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, until))
 	wantState(t, begin(t, s, "k1", fpA, until.Add(-time.Second)), idemserver.StateDone)
 	// At the expiry the record is gone, even for another payload.
 	acquire(t, s, "k1", fpB, until)
@@ -235,26 +251,26 @@ func testTakeover(t *testing.T, s idemserver.Store) {
 	if tok == old {
 		t.Fatal("takeover reused the old token")
 	}
-	wantLost(t, "Renew with the old token", s.Renew(ctx, "k1", old, t0.Add(2*lease)))
-	wantLost(t, "Complete with the old token", s.Complete(ctx, "k1", old, okResponse(), t0.Add(keep)))
+	wantLost(t, "Renew with the old token", s.Renew(ctx, "k1", old, t0.Add(lease), t0.Add(2*lease)))
+	wantLost(t, "Complete with the old token", complete(s, "k1", old, okResponse(), t0.Add(lease), t0.Add(keep)))
 	wantLost(t, "Release with the old token", s.Release(ctx, "k1", old))
 	// The new holder is untouched by the old one's attempts.
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(lease+time.Second)), idemserver.StateInFlight)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0.Add(lease+time.Second), t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpB, t0.Add(lease+2*time.Second)), idemserver.StateDone)
 }
 
 func testRenew(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
-	must(t, "Renew", s.Renew(ctx, "k1", tok, t0.Add(2*lease)))
+	must(t, "Renew", s.Renew(ctx, "k1", tok, t0, t0.Add(2*lease)))
 	c := begin(t, s, "k1", fpA, t0.Add(lease))
 	wantState(t, c, idemserver.StateInFlight)
 	if !c.LeaseUntil.Equal(t0.Add(2 * lease)) {
 		t.Errorf("LeaseUntil = %v, want the renewed %v", c.LeaseUntil, t0.Add(2*lease))
 	}
 	acquire(t, s, "k1", fpA, t0.Add(2*lease))
-	wantLost(t, "Renew after the lease lapsed and was taken", s.Renew(ctx, "k1", tok, t0.Add(3*lease)))
-	wantLost(t, "Renew of an unknown key", s.Renew(ctx, "nokey", tok, t0.Add(3*lease)))
+	wantLost(t, "Renew after the lease lapsed and was taken", s.Renew(ctx, "k1", tok, t0.Add(2*lease), t0.Add(3*lease)))
+	wantLost(t, "Renew of an unknown key", s.Renew(ctx, "nokey", tok, t0, t0.Add(3*lease)))
 }
 
 func testRelease(t *testing.T, s idemserver.Store) {
@@ -269,17 +285,17 @@ func testRelease(t *testing.T, s idemserver.Store) {
 
 func testSettled(t *testing.T, s idemserver.Store) {
 	tok := acquire(t, s, "k1", fpA, t0)
-	must(t, "Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
-	wantLost(t, "second Complete", s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)))
+	must(t, "Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
+	wantLost(t, "second Complete", complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)))
 	wantLost(t, "Release after Complete", s.Release(ctx, "k1", tok))
-	wantLost(t, "Renew after Complete", s.Renew(ctx, "k1", tok, t0.Add(keep)))
+	wantLost(t, "Renew after Complete", s.Renew(ctx, "k1", tok, t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "k1", fpA, t0.Add(time.Second)), idemserver.StateDone)
 
 	tok = acquire(t, s, "k2", fpA, t0)
 	must(t, "Release", s.Release(ctx, "k2", tok))
 	wantLost(t, "second Release", s.Release(ctx, "k2", tok))
-	wantLost(t, "Complete after Release", s.Complete(ctx, "k2", tok, okResponse(), t0.Add(keep)))
-	wantLost(t, "Complete with a made-up token", s.Complete(ctx, "k3", "nosuchtoken", okResponse(), t0.Add(keep)))
+	wantLost(t, "Complete after Release", complete(s, "k2", tok, okResponse(), t0, t0.Add(keep)))
+	wantLost(t, "Complete with a made-up token", complete(s, "k3", "nosuchtoken", okResponse(), t0, t0.Add(keep)))
 }
 
 func testSweep(t *testing.T, s idemserver.Store) {
@@ -290,11 +306,11 @@ func testSweep(t *testing.T, s idemserver.Store) {
 		until time.Duration
 	}{{"done1", time.Hour}, {"done2", keep}} {
 		tok := acquire(t, s, r.id, fpA, t0)
-		must(t, "Complete", s.Complete(ctx, r.id, tok, okResponse(), t0.Add(r.until)))
+		must(t, "Complete", complete(s, r.id, tok, okResponse(), t0, t0.Add(r.until)))
 	}
 	acquire(t, s, "held", fpA, t0)
 	live := acquire(t, s, "live", fpA, t0)
-	must(t, "Renew", s.Renew(ctx, "live", live, t0.Add(2*time.Hour)))
+	must(t, "Renew", s.Renew(ctx, "live", live, t0, t0.Add(2*time.Hour)))
 
 	n, err := s.Sweep(ctx, t0.Add(time.Second))
 	must(t, "Sweep", err)
@@ -311,7 +327,7 @@ func testSweep(t *testing.T, s idemserver.Store) {
 	acquire(t, s, "done1", fpB, t0.Add(time.Minute))
 	wantState(t, begin(t, s, "done2", fpA, t0.Add(time.Hour)), idemserver.StateDone)
 	wantState(t, begin(t, s, "live", fpA, t0.Add(time.Hour)), idemserver.StateInFlight)
-	must(t, "Complete of the live key after the sweep", s.Complete(ctx, "live", live, okResponse(), t0.Add(keep)))
+	must(t, "Complete of the live key after the sweep", complete(s, "live", live, okResponse(), t0.Add(time.Hour), t0.Add(keep)))
 
 	n, err = s.Sweep(ctx, t0.Add(keep+time.Hour))
 	must(t, "Sweep", err)
@@ -323,7 +339,7 @@ func testSweep(t *testing.T, s idemserver.Store) {
 func testIndependent(t *testing.T, s idemserver.Store) {
 	a := acquire(t, s, "a", fpA, t0)
 	acquire(t, s, "b", fpA, t0)
-	must(t, "Complete a", s.Complete(ctx, "a", a, okResponse(), t0.Add(keep)))
+	must(t, "Complete a", complete(s, "a", a, okResponse(), t0, t0.Add(keep)))
 	wantState(t, begin(t, s, "a", fpA, t0.Add(time.Second)), idemserver.StateDone)
 	wantState(t, begin(t, s, "b", fpA, t0.Add(time.Second)), idemserver.StateInFlight)
 	// A long id of the size the middleware uses.
@@ -368,10 +384,59 @@ func testClosed(t *testing.T, s idemserver.Store) {
 	if !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Begin after Close: %v, want ErrClosed", err)
 	}
-	if err := s.Complete(ctx, "k1", tok, okResponse(), t0.Add(keep)); !errors.Is(err, idemserver.ErrClosed) {
+	if err := complete(s, "k1", tok, okResponse(), t0, t0.Add(keep)); !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Complete after Close: %v, want ErrClosed", err)
 	}
 	if _, err := s.Sweep(ctx, t0); !errors.Is(err, idemserver.ErrClosed) {
 		t.Errorf("Sweep after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testCompleteAfterLapse: completion is conditional on a live lease, even
+// when nobody took the key over: a fenced handler's answer is refused.
+func testCompleteAfterLapse(t *testing.T, s idemserver.Store) {
+	tok := acquire(t, s, "k1", fpA, t0)
+	wantLost(t, "Complete at the lease's end", complete(s, "k1", tok, okResponse(), t0.Add(lease), t0.Add(keep)))
+	// The refused completion changed nothing: the lapsed key is free.
+	acquire(t, s, "k1", fpA, t0.Add(lease))
+
+	tok = acquire(t, s, "k2", fpA, t0)
+	must(t, "Complete a nanosecond before the lease's end", complete(s, "k2", tok, okResponse(), t0.Add(lease-time.Nanosecond), t0.Add(keep)))
+	wantState(t, begin(t, s, "k2", fpA, t0.Add(lease)), idemserver.StateDone)
+}
+
+// testRenewAfterLapse: a lease that lapsed cannot be renewed, even when
+// nobody took the key over.
+func testRenewAfterLapse(t *testing.T, s idemserver.Store) {
+	tok := acquire(t, s, "k1", fpA, t0)
+	wantLost(t, "Renew at the lease's end", s.Renew(ctx, "k1", tok, t0.Add(lease), t0.Add(2*lease)))
+	acquire(t, s, "k1", fpA, t0.Add(lease))
+}
+
+// testNotKept: a "done, not kept" record round-trips with its status and
+// without header or body, and is done, not in flight, for its retention.
+func testNotKept(t *testing.T, s idemserver.Store) {
+	for i, status := range []int{http.StatusCreated, 0} {
+		id := fmt.Sprintf("nk%d", i)
+		tok := acquire(t, s, id, fpA, t0)
+		resp := okResponse()
+		resp.Status, resp.NotKept = status, true
+		must(t, "Complete", complete(s, id, tok, resp, t0, t0.Add(keep)))
+		c := begin(t, s, id, fpA, t0.Add(time.Hour))
+		wantState(t, c, idemserver.StateDone)
+		if c.Response == nil || !c.Response.NotKept || c.Response.Status != status {
+			t.Fatalf("not-kept record read back as %+v, want NotKept with status %d", c.Response, status)
+		}
+		if len(c.Response.Header) != 0 || len(c.Response.Body) != 0 {
+			t.Errorf("not-kept record kept header %v and body %q", c.Response.Header, c.Response.Body)
+		}
+		wantState(t, begin(t, s, id, fpB, t0.Add(time.Hour)), idemserver.StateMismatch)
+		acquire(t, s, id, fpA, t0.Add(keep))
+	}
+	// A kept response is not marked not-kept.
+	tok := acquire(t, s, "kept", fpA, t0)
+	must(t, "Complete", complete(s, "kept", tok, okResponse(), t0, t0.Add(keep)))
+	if c := begin(t, s, "kept", fpA, t0.Add(time.Hour)); c.Response == nil || c.Response.NotKept {
+		t.Errorf("kept response read back as %+v", c.Response)
 	}
 }

@@ -1,0 +1,173 @@
+package idemserver
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	bolt "go.etcd.io/bbolt"
+)
+
+// flights are a BoltStore's keys in flight, kept in memory: only one
+// process can open the file, so no other process needs to see them, and a
+// crash that loses them leaves no handler of theirs running.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+// flight is one key in flight.
+type flight struct {
+	fingerprint, token string
+	expires            time.Time
+	completing         bool // Complete is committing its record: not to be taken over
+}
+
+// live returns the flight of id that holds it at now, if any.
+func (f *flights) live(id string, now time.Time) *flight {
+	fl := f.m[id]
+	if fl == nil || (!fl.completing && !fl.expires.After(now)) {
+		return nil
+	}
+	return fl
+}
+
+// held returns the flight of id held under token, not completing, with a
+// lease live at now; f.mu must be held.
+func (f *flights) held(id, token string, now time.Time) (*flight, error) {
+	fl := f.m[id]
+	if fl == nil || fl.completing || fl.token != token || !fl.expires.After(now) {
+		return nil, fmt.Errorf("key %s: %w", id, ErrLockLost)
+	}
+	return fl, nil
+}
+
+// sweep deletes the flights whose lease lapsed at or before now and
+// returns how many.
+func (f *flights) sweep(now time.Time) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for id, fl := range f.m {
+		if !fl.completing && !fl.expires.After(now) {
+			delete(f.m, id)
+			n++
+		}
+	}
+	return n
+}
+
+// Begin implements Store. A new key is claimed in memory, without a
+// commit; a done key is answered from a read-only transaction.
+func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
+	if s.closed.Load() {
+		return Claim{}, ErrClosed
+	}
+	f := &s.flights
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl := f.live(b.ID, b.Now); fl != nil {
+		if fl.fingerprint != b.Fingerprint {
+			return Claim{State: StateMismatch}, nil
+		}
+		return Claim{State: StateInFlight, LeaseUntil: fl.expires}, nil
+	}
+	// Read under f.mu: a Complete deletes its flight only after its
+	// record committed, so this read sees every record whose flight is
+	// gone.
+	var c Claim
+	err := s.read(func(tx *bolt.Tx) error {
+		r, err := get(tx, b.ID)
+		if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
+			return err
+		}
+		if r.fingerprint != b.Fingerprint {
+			c = Claim{State: StateMismatch}
+		} else {
+			c = Claim{State: StateDone, Response: r.resp}
+		}
+		return nil
+	})
+	if err != nil || c.State != 0 {
+		return c, err
+	}
+	if f.m == nil {
+		f.m = make(map[string]*flight)
+	}
+	tok := uuid.NewString()
+	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
+	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
+}
+
+// Renew implements Store; it changes memory only.
+func (s *BoltStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	f := &s.flights
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fl, err := f.held(id, token, now)
+	if err != nil {
+		return err
+	}
+	fl.expires = until
+	return nil
+}
+
+// Release implements Store; it changes memory only.
+func (s *BoltStore) Release(ctx context.Context, id, token string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	f := &s.flights
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.held(id, token, time.Time{}); err != nil {
+		return err
+	}
+	delete(f.m, id)
+	return nil
+}
+
+// Complete implements Store: the key's one commit. The flight is marked
+// completing while its record commits, so that no Begin takes it over
+// meanwhile; a failed commit gives it back to its holder.
+func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
+	if c.Response == nil {
+		return fmt.Errorf("idemserver: complete %s: nil response", c.ID)
+	}
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	resp := c.Response
+	if resp.NotKept {
+		resp = &Response{Status: resp.Status, NotKept: true}
+	}
+	f := &s.flights
+	f.mu.Lock()
+	fl, err := f.held(c.ID, c.Token, c.Now)
+	if err == nil {
+		fl.completing = true
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	err = s.write(ctx, func(tx *bolt.Tx) error {
+		if err := drop(tx, c.ID); err != nil { // an expired record not swept yet
+			return err
+		}
+		return put(tx, c.ID, &record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
+	})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		fl.completing = false
+		return err
+	}
+	delete(f.m, c.ID)
+	return nil
+}

@@ -1,0 +1,327 @@
+package idemserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// serve claims id and answers from the store or runs the route's handler.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, id, key, fp string) {
+	log := m.cfg.logger
+	claimed := time.Now() // the lease's local base, for fencing: before the claim is sent
+	now := m.now()
+	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.timeout)
+	claim, err := m.store.Begin(ctx, Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
+	cancel()
+	if err != nil {
+		log.Error("idemserver: store unavailable; request refused", "id", id, "err", err)
+		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
+			"The idempotency store cannot be written; the request was not handled.", m.cfg.retryAfter)
+		return
+	}
+	switch claim.State {
+	case StateDone:
+		replay(w, claim.Response)
+		return
+	case StateInFlight:
+		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
+			"A request with the same "+m.cfg.header+" is being processed; retry later.", m.cfg.retryAfter)
+		return
+	case StateMismatch:
+		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
+			"This key was used with a different payload; a key must not be reused across payloads.", 0)
+		return
+	case StateAcquired:
+	default:
+		log.Error("idemserver: store returned an unknown state", "state", claim.State)
+		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
+			"The idempotency store answered in a way the middleware does not know; the request was not handled.", m.cfg.retryAfter)
+		return
+	}
+	u := &run{m: m, id: id, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed}
+	u.do(w, r, h.h, keyInfo{id: id, key: key, fp: fp})
+	m.maybeSweep()
+}
+
+// run is one request that holds a key: it owns the lease, the renewer, the
+// request's transaction and the recorder until the key is completed or
+// released.
+type run struct {
+	m         *Middleware
+	id, token string
+	webhook   bool
+	claimed   time.Time // local time before the claim was sent
+	tx        RequestTx // nil unless the store is a TxStore
+	done      bool      // the key was completed, released or given up
+}
+
+func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki keyInfo) {
+	m := u.m
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	ctx = context.WithValue(ctx, keyContext{}, ki)
+	if ts, ok := m.store.(TxStore); ok {
+		ctx, u.tx = ts.Scope(ctx, u.id, u.token)
+	}
+	stopRenew := u.renew(ctx, cancel)
+	rec := &recorder{w: w, max: m.cfg.maxResponse}
+	defer func() {
+		if u.done {
+			return
+		}
+		// The handler panicked: keep what the client may have seen.
+		stopRenew()
+		if rec.through {
+			u.complete(r, &Response{Status: rec.status, NotKept: true}, "handler panicked after its answer began")
+		} else {
+			u.rollback()
+			u.release("handler panicked")
+		}
+	}()
+	next.ServeHTTP(rec, r.WithContext(ctx))
+	stopRenew()
+
+	if rec.status == 0 && !rec.hijacked { // the handler wrote nothing: net/http would answer 200
+		rec.WriteHeader(http.StatusOK)
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
+		u.done = true
+		u.rollback()
+		m.cfg.logger.Error("idemserver: lease lost while the handler ran; its answer is withheld", "id", u.id, "err", cause)
+		u.fail(rec, "The lock on this request's key was lost while it was handled; its answer is withheld.")
+		return
+	}
+	resp, why := u.outcome(rec)
+	if resp == nil {
+		u.rollback()
+		u.release(why)
+		rec.finish()
+		return
+	}
+	if err := u.complete(r, resp, why); err != nil {
+		u.fail(rec, "The request was handled, but its answer could not be stored; it is withheld.")
+		return
+	}
+	rec.finish()
+}
+
+// outcome returns what to store for the handler's answer, with why when it
+// is a "not kept" record, or nil and why the key is released instead.
+func (u *run) outcome(rec *recorder) (*Response, string) {
+	status := rec.status
+	switch {
+	case rec.hijacked:
+		return &Response{NotKept: true}, "connection hijacked"
+	case status >= 500:
+		return nil, "server error"
+	case status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
+		return nil, "retryable status"
+	case status >= 300 && u.webhook && !u.m.cfg.hookClient:
+		return nil, "webhook answer other than 2xx"
+	case status >= 400 && !u.webhook && !u.m.cfg.storeClient:
+		return nil, "client error"
+	case rec.overflow:
+		return &Response{Status: status, NotKept: true}, "response too large to store"
+	case rec.failed:
+		return &Response{Status: status, NotKept: true}, "stream failed after its first flush"
+	}
+	return &Response{Status: status, Header: pick(rec.sent, u.m.cfg.replay), Body: rec.body.Bytes()}, ""
+}
+
+// storeContext returns a context for a store call made on behalf of r that
+// must not end with the client's request, bounded by the store timeout.
+func (u *run) storeContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), u.m.cfg.timeout)
+}
+
+// complete stores resp (in the request's transaction, if the store has
+// one). On an error it releases the key when nothing was committed for
+// sure and the key is still held; otherwise the key stays locked until
+// its lease lapses.
+func (u *run) complete(r *http.Request, resp *Response, why string) error {
+	m := u.m
+	u.done = true
+	now := m.now()
+	c := Completion{ID: u.id, Token: u.token, Response: resp, Now: now, Until: now.Add(m.cfg.retention)}
+	ctx, cancel := u.storeContext(r)
+	defer cancel()
+	var err error
+	if u.tx != nil {
+		err = u.tx.Commit(ctx, c)
+	} else {
+		err = m.store.Complete(ctx, c)
+	}
+	if err != nil {
+		m.cfg.logger.Error("idemserver: response not stored", "id", u.id, "err", err)
+		if errors.Is(err, ErrRolledBack) {
+			u.release("request transaction rolled back")
+		}
+		return err
+	}
+	if resp.NotKept {
+		m.cfg.logger.Warn("idemserver: request done, its response not kept", "id", u.id, "status", resp.Status, "reason", why)
+	}
+	return nil
+}
+
+// fail answers 503 for a handler whose answer cannot be vouched for, or
+// aborts the connection if the answer already began.
+func (u *run) fail(rec *recorder, detail string) {
+	if rec.through {
+		panic(http.ErrAbortHandler) // the client must not take a cut stream for a whole answer
+	}
+	h := rec.w.Header()
+	for k := range h {
+		delete(h, k)
+	}
+	writeProblem(rec.w, http.StatusServiceUnavailable, ProblemNotStored, "Response not stored", detail, u.m.cfg.retryAfter)
+}
+
+// rollback discards the request's transaction, if there is one.
+func (u *run) rollback() {
+	if u.tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), u.m.cfg.timeout)
+	defer cancel()
+	if err := u.tx.Rollback(ctx); err != nil {
+		u.m.cfg.logger.Warn("idemserver: request transaction not rolled back; the database ends it with the connection", "id", u.id, "err", err)
+	}
+}
+
+// release frees the key so a retry runs the handler again.
+func (u *run) release(why string) {
+	u.done = true
+	ctx, cancel := context.WithTimeout(context.Background(), u.m.cfg.timeout)
+	defer cancel()
+	if err := u.m.store.Release(ctx, u.id, u.token); err != nil {
+		u.m.cfg.logger.Warn("idemserver: key not released; it frees itself when its lease ends", "id", u.id, "reason", why, "err", err)
+		return
+	}
+	u.m.cfg.logger.Debug("idemserver: key released", "id", u.id, "reason", why)
+}
+
+// fenceMargin is the share of the lease kept between the handler's
+// cancellation and the lease's end: a handler whose renewals fail is
+// cancelled lease-lease/fenceMargin after its last successful renewal.
+const fenceMargin = 4
+
+// renew renews the lease every third of it until the returned func is
+// called; that func waits for the renewer to stop. A lost lock, or
+// renewals that failed for longer than the lease minus a margin, cancel
+// the handler's context with a cause matching ErrLockLost.
+func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
+	m := u.m
+	lease := m.cfg.lease
+	hold := lease - lease/fenceMargin
+	fence := time.AfterFunc(hold-time.Since(u.claimed), func() {
+		cancel(fmt.Errorf("idemserver: no lease renewal for %v of a %v lease: %w", hold, lease, ErrLockLost))
+	})
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			sent := time.Now()
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.cfg.timeout, lease/3))
+			now := m.now()
+			err := m.store.Renew(rctx, u.id, u.token, now, now.Add(lease))
+			rcancel()
+			switch {
+			case err == nil:
+				if ctx.Err() == nil {
+					fence.Reset(hold - time.Since(sent))
+				}
+			case errors.Is(err, ErrLockLost):
+				m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", u.id, "err", err)
+				cancel(err)
+				return
+			default:
+				m.cfg.logger.Warn("idemserver: lease not renewed", "id", u.id, "err", err)
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			fence.Stop()
+			close(done)
+		})
+		wg.Wait()
+	}
+}
+
+// Sweep deletes the records that expired, as the middleware does by
+// itself every sweep interval, and returns how many it deleted.
+func (m *Middleware) Sweep(ctx context.Context) (int, error) {
+	now := m.now()
+	m.lastSweep.Store(now.UnixNano())
+	return m.store.Sweep(ctx, now)
+}
+
+// maybeSweep starts a sweep in the background when the interval has
+// passed, no sweep runs and the middleware is not closed.
+func (m *Middleware) maybeSweep() {
+	if m.cfg.sweepEvery < 0 || m.now().UnixNano()-m.lastSweep.Load() < int64(m.cfg.sweepEvery) {
+		return
+	}
+	if !m.sweeping.CompareAndSwap(false, true) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		m.sweeping.Store(false)
+		return
+	}
+	m.sweeps.Add(1)
+	go func() {
+		defer m.sweeps.Done()
+		defer m.sweeping.Store(false)
+		ctx, cancel := context.WithTimeout(m.stop, max(m.cfg.timeout, m.cfg.sweepEvery))
+		defer cancel()
+		if n, err := m.Sweep(ctx); err != nil {
+			m.cfg.logger.Warn("idemserver: sweep failed", "err", err)
+		} else if n > 0 {
+			m.cfg.logger.Debug("idemserver: swept expired keys", "count", n)
+		}
+	}()
+}
+
+// replay sends a stored response, or for a record whose response was not
+// kept, a ProblemNotKept document.
+func replay(w http.ResponseWriter, resp *Response) {
+	if resp.NotKept {
+		detail := "A request with this key was handled and answered, but its answer could not be kept; it is not run again."
+		if resp.Status != 0 {
+			detail = "A request with this key was handled and answered with status " + strconv.Itoa(resp.Status) +
+				", but its answer could not be kept; it is not run again."
+		}
+		w.Header().Set(ReplayedHeader, "true")
+		writeDoc(w, problemDoc{Type: ProblemNotKept, Title: "Request already handled; its answer was not kept",
+			Status: http.StatusConflict, Detail: detail, OriginalStatus: resp.Status}, 0)
+		return
+	}
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	h.Set(ReplayedHeader, "true")
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
