@@ -61,9 +61,9 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 // begin reserves op in the journal, or takes over the record that has its
 // key or name, and marks it in flight in this process. A call of the same
 // key or name in flight here, or under another process's live lease, is
-// waited for until ctx ends. matched says that op.Key was taken from a
-// recent call with the same payload (see recentCalls).
-func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*operation, error) {
+// waited for until ctx ends. mk is the call's match key (see recentCalls)
+// and matched says that op.Key was taken from the recent call it names.
+func (j *journal) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) (*operation, error) {
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
@@ -73,7 +73,7 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 			}
 			continue
 		}
-		o, wait, err := j.reserve(ctx, &op, &ids, matched)
+		o, wait, err := j.reserve(ctx, &op, &ids, mk, matched)
 		if err == nil {
 			return o, nil
 		}
@@ -104,28 +104,22 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 	}
 }
 
-// definite reports whether rec records an answer a resend must never be
-// merged into: a success, a permanent failure, or an expiry. A failure
-// with a transient status, or a 409 (which may mean "in progress"), is not
-// definite.
-func definite(rec *Operation) bool {
-	switch rec.State {
-	case StateSucceeded, StateExpired:
-		return true
-	case StateFailed:
-		return !transientStatus(rec.LastStatus) && rec.LastStatus != http.StatusConflict
-	}
-	return false
-}
-
-// errMatchSettled says that the record a recent call's key points to has a
-// definite answer by now, so the call is a new operation.
-var errMatchSettled = errors.New("idem: the matched operation has a definite answer")
+// errMatchSettled says that the recent call a call was matched to has
+// ended with a definite answer its live caller received while this call
+// waited for it, so this call is a new operation.
+var errMatchSettled = errors.New("idem: the matched call's caller received a definite answer")
 
 // reserve is one try of begin, with ids held. If the name's key is in
 // flight here it returns the channel to wait on, with an *Error for the
 // case that the wait ends first.
-func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
+//
+// A matched call (matched: op.Key came from recentCalls under mk) stays
+// matched as long as the index holds that key for mk, whatever the
+// record's state: only a live caller that received a definite answer ends
+// a match (settle forgets it), while Resume finishing the operation for
+// its own handler does not, so the caller's resend after a Resume gets the
+// server's stored answer under the same key.
+func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
 		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
@@ -143,8 +137,13 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
 		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
 	}
-	if matched && definite(&rec) {
-		return nil, nil, errMatchSettled
+	if matched {
+		if k, ok := j.recent.match(mk); !ok || k != rec.Key {
+			return nil, nil, errMatchSettled
+		}
+		if rec.State == StateExpired {
+			return fail(ErrExpired, nil)
+		}
 	}
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)

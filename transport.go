@@ -148,7 +148,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	if req.Host != "" && req.Host != req.URL.Host {
 		op.Host = req.Host
 	}
-	o, err := t.j.begin(ctx, op, matched)
+	o, err := t.j.begin(ctx, op, mk, matched)
 	if err != nil {
 		return nil, nil, err
 	}

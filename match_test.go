@@ -1,0 +1,131 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemtest"
+)
+
+// chargeServer is an idemtest server whose handler counts its effects;
+// the first request of the first key it sees meets fault.
+func chargeServer(t *testing.T, fault idemtest.Fault) (*idemtest.Server, func() string) {
+	t.Helper()
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge %d", runs.Add(1))
+	})
+	var (
+		mu    sync.Mutex
+		first string
+	)
+	srv := idemtest.NewServer(h, idemtest.WithRetryAfter(0), idemtest.WithScript(func(key string, attempt int) idemtest.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		if first == "" {
+			first = key
+		}
+		if key == first && attempt == 1 {
+			return fault
+		}
+		return idemtest.NoFault
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() string { mu.Lock(); defer mu.Unlock(); return first }
+}
+
+// TestResendAfterResumeKeepsKey: a call left in doubt, then finished by
+// Resume (explicit or in the background) before the SDK's own retry
+// arrives, is still the same logical call: Resume's handler is not the
+// caller, so the retry reuses the key and gets the server's stored answer.
+// One key, one effect.
+func TestResendAfterResumeKeepsKey(t *testing.T) {
+	for _, background := range []bool{false, true} {
+		t.Run(fmt.Sprintf("background=%v", background), func(t *testing.T) {
+			srv, first := chargeServer(t, idemtest.DropAfter)
+			store := idem.NewMemoryStore()
+			resumed := make(chan idem.Operation, 1)
+			fn := func(op idem.Operation, resp *http.Response, err error) {
+				if resp != nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				select {
+				case resumed <- op:
+				default:
+				}
+			}
+			opts := []idem.Option{idem.WithBaseTransport(srv.Client().Transport), idem.WithMaxAttempts(1)}
+			if background {
+				opts = append(opts, idem.WithBackgroundResume(5*time.Millisecond, fn))
+			}
+			c := idem.New(store, opts...)
+			defer c.Close()
+			hc := c.HTTPClient()
+			url := srv.URL + "/v1/chat/completions"
+
+			status, _, err := sdkCall(t, hc, url, `{"model":"m"}`, 1)
+			require.Error(t, err, "the first attempt's answer is lost")
+			require.Zero(t, status)
+			key := first()
+			require.NotEmpty(t, key)
+
+			if background {
+				// The guard only keeps a broken build from hanging.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				select {
+				case <-resumed:
+				case <-ctx.Done():
+					t.Fatal("the background Resume never ran")
+				}
+			} else {
+				require.NoError(t, c.Resume(context.Background(), fn))
+				require.Len(t, resumed, 1)
+			}
+			op, err := store.Get(context.Background(), key)
+			require.NoError(t, err)
+			require.Equal(t, idem.StateSucceeded, op.State, "Resume finished the operation")
+
+			// The SDK's retry of the same call (a fresh RoundTrip, a retry
+			// counter) arrives now.
+			req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"model":"m"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Stainless-Retry-Count", "1")
+			resp, err := hc.Do(req)
+			require.NoError(t, err)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, "charge 1", string(b), "the retry gets the stored answer")
+			assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+
+			st := srv.Stats()
+			assert.Len(t, st.AttemptsByKey, 1, "one key: %v", st.AttemptsByKey)
+			assert.Equal(t, 1, st.Runs, "one effect")
+			assert.Equal(t, 0, st.DuplicatePayloads())
+
+			// The caller received that answer: the next identical call is
+			// a new operation.
+			status, body, err := sdkCall(t, hc, url, `{"model":"m"}`, 1)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, status)
+			assert.Equal(t, "charge 2", body)
+			assert.Len(t, srv.Stats().AttemptsByKey, 2)
+		})
+	}
+}
