@@ -63,7 +63,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	j := &journal{
 		store: store, owner: cfg.owner, lease: cfg.lease, resendWindow: cfg.resendWindow,
 		retention: cfg.retention, log: cfg.logger,
-		recent: recentCalls{window: cfg.matchWindow},
+		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}

@@ -1,13 +1,16 @@
 package idem
 
 import (
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -115,25 +118,35 @@ func validKey(k string) error {
 	return nil
 }
 
-// recentCalls remembers, for a short while, the calls that ended without a
-// definite answer (in doubt, or with a transient status), by payload
-// fingerprint and credentials (see matchKey): a caller's resend of the same
-// payload (an SDK's own retry loop, a double submit) reuses their key
-// instead of getting a new one.
+// recentCalls remembers, for the match window, the calls that ended
+// without a definite answer their live caller received (in doubt, or with
+// a transient status), by match key (see matchKey): a caller's resend of
+// the same call (an SDK's own retry loop) reuses their key instead of
+// getting a new one.
+//
+// Inside its window it forgets nothing until it holds limit calls; beyond
+// that the oldest entry goes first, each eviction is counted, and the
+// first one is logged. Entries are kept in the order they were last
+// added, so both the window's pruning and eviction take from the front.
 type recentCalls struct {
 	mu      sync.Mutex
 	window  time.Duration
-	entries map[[32]byte]recentCall
+	limit   int
+	log     *slog.Logger
+	entries map[[32]byte]*list.Element // of *recentCall
+	order   list.List                  // oldest first
+	evicted atomic.Uint64
+	warned  bool
 }
 
 type recentCall struct {
+	mk  [32]byte
 	key string
 	at  time.Time
 }
 
-// maxRecent bounds the index; older entries are pruned first.
-const maxRecent = 4096
-
+// add remembers that the call with match key mk ended under key without a
+// definite answer for its caller, now.
 func (r *recentCalls) add(mk [32]byte, key string) {
 	if r.window <= 0 || mk == ([32]byte{}) {
 		return
@@ -142,26 +155,53 @@ func (r *recentCalls) add(mk [32]byte, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.entries == nil {
-		r.entries = make(map[[32]byte]recentCall)
+		r.entries = make(map[[32]byte]*list.Element)
 	}
-	if len(r.entries) >= maxRecent {
-		for k, e := range r.entries {
-			if now.Sub(e.at) > r.window {
-				delete(r.entries, k)
-			}
-		}
-		if len(r.entries) >= maxRecent {
-			return
+	r.pruneLocked(now)
+	if el, ok := r.entries[mk]; ok {
+		e := el.Value.(*recentCall)
+		e.key, e.at = key, now
+		r.order.MoveToBack(el)
+		return
+	}
+	limit := r.limit
+	if limit <= 0 {
+		limit = DefaultResendMatchLimit
+	}
+	for len(r.entries) >= limit {
+		r.removeLocked(r.order.Front())
+		r.evicted.Add(1)
+		if !r.warned {
+			r.warned = true
+			r.log.Warn("idem: resend match index is full; the oldest calls in doubt are forgotten, so their resends get new keys (raise WithResendMatchLimit)",
+				"idem.match_limit", limit, "idem.match_window", r.window)
 		}
 	}
-	r.entries[mk] = recentCall{key: key, at: now}
+	r.entries[mk] = r.order.PushBack(&recentCall{mk: mk, key: key, at: now})
 }
 
+// pruneLocked drops the entries older than the window, from the front.
+func (r *recentCalls) pruneLocked(now time.Time) {
+	for el := r.order.Front(); el != nil; el = r.order.Front() {
+		if now.Sub(el.Value.(*recentCall).at) <= r.window {
+			return
+		}
+		r.removeLocked(el)
+	}
+}
+
+func (r *recentCalls) removeLocked(el *list.Element) {
+	delete(r.entries, el.Value.(*recentCall).mk)
+	r.order.Remove(el)
+}
+
+// forget ends the match of the call with match key mk, if it still points
+// to key: its live caller received a definite answer.
 func (r *recentCalls) forget(mk [32]byte, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e, ok := r.entries[mk]; ok && e.key == key {
-		delete(r.entries, mk)
+	if el, ok := r.entries[mk]; ok && el.Value.(*recentCall).key == key {
+		r.removeLocked(el)
 	}
 }
 
@@ -172,12 +212,41 @@ func (r *recentCalls) match(mk [32]byte) (string, bool) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e, ok := r.entries[mk]
-	if !ok || time.Since(e.at) > r.window {
+	el, ok := r.entries[mk]
+	if !ok {
+		return "", false
+	}
+	e := el.Value.(*recentCall)
+	if time.Since(e.at) > r.window {
 		return "", false
 	}
 	return e.key, true
 }
+
+// stats returns how many calls the index holds and how many it evicted.
+func (r *recentCalls) stats() ResendMatchStats {
+	r.mu.Lock()
+	n := len(r.entries)
+	r.mu.Unlock()
+	return ResendMatchStats{Held: n, Evicted: r.evicted.Load()}
+}
+
+// ResendMatchStats describes the index of recent calls that resend
+// matching keeps in memory (see WithResendMatchLimit).
+type ResendMatchStats struct {
+	// Held is how many calls without a definite answer the index holds,
+	// some possibly past the window and not yet pruned.
+	Held int
+	// Evicted counts the calls forgotten inside their window because the
+	// index was full: a resend of one of them got a new key. Export it
+	// as a counter; anything above zero means the limit is too low for
+	// the number of calls in doubt per window.
+	Evicted uint64
+}
+
+// ResendMatchStats returns the state of the resend match index, for a
+// metric.
+func (c *Client) ResendMatchStats() ResendMatchStats { return c.t.j.recent.stats() }
 
 // matchKey returns the key under which recentCalls knows a call: the
 // payload's fingerprint and a digest of the call's credentials (secret

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -129,3 +130,105 @@ func TestResendAfterResumeKeepsKey(t *testing.T) {
 		})
 	}
 }
+
+// firstLostRT loses the answer to the first request of every body (the
+// server performed it) and answers 201 to the others. It records the key
+// of every request per body.
+type firstLostRT struct {
+	mu   sync.Mutex
+	keys map[string][]string
+}
+
+func (f *firstLostRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys == nil {
+		f.keys = make(map[string][]string)
+	}
+	f.keys[string(b)] = append(f.keys[string(b)], r.Header.Get("Idempotency-Key"))
+	if len(f.keys[string(b)]) == 1 {
+		return nil, errReset
+	}
+	return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+}
+
+// keysFor returns the keys sent for body.
+func (f *firstLostRT) keysFor(body string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.keys[body]...)
+}
+
+// TestResendMatchHoldsManyCalls: during an outage, every call in doubt
+// within the window is remembered, however many there are (up to the
+// limit), so each SDK retry reuses its call's key.
+func TestResendMatchHoldsManyCalls(t *testing.T) {
+	const calls = 4500
+	rt := &firstLostRT{}
+	c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(rt), idem.WithMaxAttempts(1))
+	defer c.Close()
+	hc := c.HTTPClient()
+	body := func(i int) string { return fmt.Sprintf(`{"order":%d}`, i) }
+	for i := range calls {
+		_, err := post(t, context.Background(), hc, body(i))
+		require.ErrorIs(t, err, idem.ErrAttemptsExhausted)
+	}
+	assert.Equal(t, idem.ResendMatchStats{Held: calls}, c.ResendMatchStats())
+	split := 0
+	for i := range calls {
+		r, err := post(t, context.Background(), hc, body(i))
+		require.NoError(t, err)
+		r.Body.Close()
+		if k := rt.keysFor(body(i)); len(k) != 2 || k[0] != k[1] {
+			split++
+		}
+	}
+	assert.Zero(t, split, "calls whose resend got a new key")
+	assert.Equal(t, idem.ResendMatchStats{}, c.ResendMatchStats(), "every caller received its answer")
+}
+
+// TestResendMatchLimitEvictsOldest: beyond WithResendMatchLimit the call
+// that ended in doubt longest ago is forgotten first (a call in doubt
+// again counts from its latest end), each eviction is counted, and the
+// first is logged.
+func TestResendMatchLimitEvictsOldest(t *testing.T) {
+	rt := &firstLostRT{}
+	logs := &logRecords{}
+	c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(rt), idem.WithMaxAttempts(1),
+		idem.WithResendMatchLimit(3), idem.WithLogger(slog.New(logs)))
+	defer c.Close()
+	hc := c.HTTPClient()
+	inDoubt := func(body string) {
+		t.Helper()
+		_, err := post(t, context.Background(), hc, body)
+		require.ErrorIs(t, err, idem.ErrAttemptsExhausted)
+	}
+	inDoubt("a")
+	inDoubt("b")
+	inDoubt("c")
+	// a's resend is in doubt again: it is now the newest.
+	rt.mu.Lock()
+	rt.keys["a"] = nil
+	rt.mu.Unlock()
+	inDoubt("a")
+	inDoubt("d") // evicts b, the oldest
+	inDoubt("e") // evicts c
+	assert.Equal(t, idem.ResendMatchStats{Held: 3, Evicted: 2}, c.ResendMatchStats())
+	assert.Len(t, logs.find(matchFullMsg), 1, "logged once")
+
+	for _, b := range []string{"a", "b", "c", "d", "e"} {
+		r, err := post(t, context.Background(), hc, b)
+		require.NoError(t, err)
+		r.Body.Close()
+	}
+	same := func(b string) bool { k := rt.keysFor(b); return k[len(k)-1] == k[len(k)-2] }
+	assert.True(t, same("a"), "a was refreshed")
+	assert.False(t, same("b"), "b was evicted")
+	assert.False(t, same("c"), "c was evicted")
+	assert.True(t, same("d"))
+	assert.True(t, same("e"))
+}
+
+const matchFullMsg = "idem: resend match index is full; the oldest calls in doubt are forgotten, so their resends get new keys (raise WithResendMatchLimit)"

@@ -29,6 +29,7 @@ type config struct {
 	sendLarge     bool
 	resendWindow  time.Duration
 	matchWindow   time.Duration
+	matchLimit    int
 	retention     time.Duration
 	prepare       func(*http.Request) error
 	resumeWorkers int
@@ -60,6 +61,9 @@ const (
 	// definite answer a call with the same payload and no key of its own
 	// is taken for its resend and reuses its key.
 	DefaultResendMatchWindow = time.Minute
+	// DefaultResendMatchLimit is how many calls without a definite answer
+	// the resend match index holds at most (see WithResendMatchLimit).
+	DefaultResendMatchLimit = 100_000
 )
 
 // defaultSecretQuery are the query parameters never journaled by default.
@@ -232,6 +236,21 @@ func WithResendWindow(d time.Duration) Option {
 // The default is one minute.
 func WithResendMatchWindow(d time.Duration) Option {
 	return func(c *config) { c.matchWindow = d }
+}
+
+// WithResendMatchLimit bounds how many calls without a definite answer
+// the resend match index holds in memory, each about 240 bytes. Inside the
+// match window it forgets none until it holds n; beyond that the oldest
+// is forgotten first (its resend then gets a new key), counted in
+// Client.ResendMatchStats and logged once at Warn. Set it above the
+// number of calls that may end in doubt within one window during an
+// outage. Zero or less keeps the default, 100,000 (about 24 MB when full).
+func WithResendMatchLimit(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.matchLimit = n
+		}
+	}
 }
 
 // WithRetention sets how long finished operations are kept in the journal
