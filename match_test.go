@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -232,3 +233,97 @@ func TestResendMatchLimitEvictsOldest(t *testing.T) {
 }
 
 const matchFullMsg = "idem: resend match index is full; the oldest calls in doubt are forgotten, so their resends get new keys (raise WithResendMatchLimit)"
+
+// userKey carries an end user's id in a request's context.
+type userKey struct{}
+
+// TestWhatIdentifiesACall: a call in doubt is matched by a later call
+// only when everything but the volatile headers is the same, principal
+// included: tenant and account headers keep calls apart, retry counters,
+// trace context, dates, request ids and user agents do not; end users
+// are kept apart by WithPrincipal, which also matches calls whose
+// credentials are signed afresh for every request.
+func TestWhatIdentifiesACall(t *testing.T) {
+	jwt := func(sub string, jti int) string {
+		return fmt.Sprintf("Bearer sub=%s;iat=%d;jti=%d", sub, 1700000000+jti, jti)
+	}
+	bySub := func(r *http.Request) string {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sub, _, _ := strings.Cut(strings.TrimPrefix(tok, "sub="), ";")
+		return sub
+	}
+	byUser := func(r *http.Request) string { u, _ := r.Context().Value(userKey{}).(string); return u }
+	type call struct {
+		header map[string]string
+		user   string
+	}
+	tests := []struct {
+		name        string
+		opts        []idem.Option
+		first, then call
+		sameKey     bool
+	}{
+		{"identical", nil, call{}, call{}, true},
+		{"retry counter", nil, call{}, call{header: map[string]string{"X-Stainless-Retry-Count": "1"}}, true},
+		{"trace context", nil,
+			call{header: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=1", "baggage": "x=1"}},
+			call{header: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "tracestate": "a=2", "baggage": "x=2"}}, true},
+		{"date, request id, user agent", nil,
+			call{header: map[string]string{"Date": "Tue, 01 Dec 2026 09:00:00 GMT", "X-Request-Id": "r1", "User-Agent": "sdk/1 attempt/1"}},
+			call{header: map[string]string{"Date": "Tue, 01 Dec 2026 09:00:01 GMT", "X-Request-Id": "r2", "User-Agent": "sdk/1 attempt/2"}}, true},
+		{"a volatile header of the application's", []idem.Option{idem.WithVolatileHeaders("x-signature-nonce")},
+			call{header: map[string]string{"X-Signature-Nonce": "n1"}}, call{header: map[string]string{"X-Signature-Nonce": "n2"}}, true},
+		{"the same tenant", nil, call{header: map[string]string{"Stripe-Account": "acct_1"}}, call{header: map[string]string{"Stripe-Account": "acct_1"}}, true},
+		{"Stripe-Account", nil, call{header: map[string]string{"Stripe-Account": "acct_1"}}, call{header: map[string]string{"Stripe-Account": "acct_2"}}, false},
+		{"Stripe-Account only on one", nil, call{header: map[string]string{"Stripe-Account": "acct_1"}}, call{}, false},
+		{"OpenAI-Organization", nil, call{header: map[string]string{"OpenAI-Organization": "org-1"}}, call{header: map[string]string{"OpenAI-Organization": "org-2"}}, false},
+		{"OpenAI-Project", nil, call{header: map[string]string{"OpenAI-Project": "proj_1"}}, call{header: map[string]string{"OpenAI-Project": "proj_2"}}, false},
+		{"any tenant header", nil, call{header: map[string]string{"X-Tenant-Id": "t1"}}, call{header: map[string]string{"X-Tenant-Id": "t2"}}, false},
+		{"end users of one provider key, no principal function: one principal", nil,
+			call{user: "alice"}, call{user: "bob"}, true},
+		{"end users told apart by WithPrincipal", []idem.Option{idem.WithPrincipal(byUser)},
+			call{user: "alice"}, call{user: "bob"}, false},
+		{"one end user through WithPrincipal", []idem.Option{idem.WithPrincipal(byUser)},
+			call{user: "alice"}, call{user: "alice"}, true},
+		{"per-request JWTs without a principal function", nil,
+			call{header: map[string]string{"Authorization": jwt("alice", 1)}}, call{header: map[string]string{"Authorization": jwt("alice", 2)}}, false},
+		{"per-request JWTs matched through WithPrincipal", []idem.Option{idem.WithPrincipal(bySub)},
+			call{header: map[string]string{"Authorization": jwt("alice", 1)}}, call{header: map[string]string{"Authorization": jwt("alice", 2)}}, true},
+		{"per-request JWTs of two principals", []idem.Option{idem.WithPrincipal(bySub)},
+			call{header: map[string]string{"Authorization": jwt("alice", 1)}}, call{header: map[string]string{"Authorization": jwt("bob", 2)}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rt := &scriptRT{steps: []step{fail(errReset), resp(201)}}
+				c, _ := newTestClient(rt, append([]idem.Option{idem.WithMaxAttempts(1)}, tt.opts...)...)
+				defer c.Close()
+				send := func(cl call) (*http.Response, error) {
+					ctx := context.Background()
+					if cl.user != "" {
+						ctx = context.WithValue(ctx, userKey{}, cl.user)
+					}
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://pay.example/v1/gift_cards", strings.NewReader(`{"amount":50}`))
+					require.NoError(t, err)
+					req.Header.Set("Content-Type", "application/json")
+					for k, v := range cl.header {
+						req.Header[k] = []string{v} // as spelled
+					}
+					return c.HTTPClient().Do(req)
+				}
+				_, err := send(tt.first)
+				require.ErrorIs(t, err, idem.ErrAttemptsExhausted, "the first call is in doubt")
+				r, err := send(tt.then)
+				require.NoError(t, err)
+				r.Body.Close()
+				keys := rt.keys()
+				require.Len(t, keys, 2)
+				if tt.sameKey {
+					assert.Equal(t, keys[0], keys[1], "a resend of the same call got a new key")
+				} else {
+					assert.NotEqual(t, keys[0], keys[1], "another call got the first one's key")
+				}
+			})
+		})
+	}
+}

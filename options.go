@@ -30,6 +30,8 @@ type config struct {
 	resendWindow  time.Duration
 	matchWindow   time.Duration
 	matchLimit    int
+	volatile      map[string]bool
+	principal     func(*http.Request) string
 	retention     time.Duration
 	prepare       func(*http.Request) error
 	resumeWorkers int
@@ -82,6 +84,10 @@ func newConfig(opts []Option) config {
 		retention:     DefaultRetention,
 		resumeWorkers: 8,
 		lease:         DefaultLease,
+	}
+	c.volatile = make(map[string]bool, len(defaultVolatile))
+	for _, h := range defaultVolatile {
+		c.volatile[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, q := range defaultSecretQuery {
 		c.secretQuery[q] = true
@@ -251,6 +257,40 @@ func WithResendMatchLimit(n int) Option {
 			c.matchLimit = n
 		}
 	}
+}
+
+// WithVolatileHeaders adds headers that may differ between the resends of
+// one call without making it another call, for resend matching. Every
+// other header is part of what identifies a call, so that two calls that
+// differ in a tenant or account header (Stripe-Account,
+// OpenAI-Organization, OpenAI-Project, ...) are never matched. The
+// default list is the per-attempt headers of common clients and tracers:
+// X-Stainless-Retry-Count, X-Stainless-Timeout, X-Stripe-Client-Telemetry,
+// Traceparent, Tracestate, Baggage, the B3, Datadog, X-Ray, Cloud Trace,
+// Jaeger and Sentry trace headers, Date, X-Amz-Date, X-Request-Id,
+// Request-Id, X-Correlation-Id, User-Agent, and the hop-by-hop and framing
+// headers. Add a header a client sets afresh on each attempt (a request
+// signature's nonce or timestamp); never add one that names a tenant.
+func WithVolatileHeaders(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			c.volatile[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithPrincipal sets a function that names the principal a call acts for
+// (an end user, a tenant, an account), for resend matching: calls are
+// matched only if it returns the same name for both, and the name is used
+// instead of the digest of the call's credentials. Set it when credentials
+// change on every request (a JWT signed per request with its own iat or
+// jti, request signatures), which otherwise never match, or when one
+// provider key serves many end users whose identical calls must never be
+// merged (the function then names the end user, for example from the
+// request's context). An empty name falls back to the credentials' digest.
+// It is called once per keyed request, from many goroutines at once.
+func WithPrincipal(fn func(*http.Request) string) Option {
+	return func(c *config) { c.principal = fn }
 }
 
 // WithRetention sets how long finished operations are kept in the journal
