@@ -327,3 +327,89 @@ func TestWhatIdentifiesACall(t *testing.T) {
 		})
 	}
 }
+
+// TestWhoIsNotJoined pins what the README says resend matching does not
+// do: a second identical call while the first is in flight (a double tap)
+// and the same call through another process on the same journal (a retry
+// on another replica) get keys of their own; only a name the application
+// supplies joins them.
+func TestWhoIsNotJoined(t *testing.T) {
+	t.Run("double tap while in flight", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			release := make(chan struct{})
+			var (
+				mu   sync.Mutex
+				keys []string
+			)
+			rt := rtFunc(func(r *http.Request) (*http.Response, error) {
+				io.Copy(io.Discard, r.Body)
+				mu.Lock()
+				keys = append(keys, r.Header.Get("Idempotency-Key"))
+				n := len(keys)
+				mu.Unlock()
+				if n == 1 {
+					<-release
+				}
+				return &http.Response{StatusCode: 201, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+			})
+			c, _ := newTestClient(rt)
+			defer c.Close()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				r, err := post(t, context.Background(), c.HTTPClient(), `{"card":"gift"}`)
+				if err == nil {
+					r.Body.Close()
+				}
+			}()
+			synctest.Wait() // the first tap is in flight
+			r, err := post(t, context.Background(), c.HTTPClient(), `{"card":"gift"}`)
+			require.NoError(t, err)
+			r.Body.Close()
+			close(release)
+			<-done
+			require.Len(t, keys, 2)
+			assert.NotEqual(t, keys[0], keys[1], "matching joined a double tap")
+		})
+	})
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("retry on another replica, named=%v", named), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rt := &scriptRT{steps: []step{fail(errReset), resp(201)}}
+				store := idem.NewMemoryStore()
+				opts := []idem.Option{idem.WithBaseTransport(rt), idem.WithMaxAttempts(1)}
+				a := idem.New(nopCloseStore{store}, append(opts, idem.WithOwner("a"))...)
+				b := idem.New(nopCloseStore{store}, append(opts, idem.WithOwner("b"))...)
+				defer a.Close()
+				defer b.Close()
+				ctx := context.Background()
+				if named {
+					ctx = idem.WithOperation(ctx, "order-42")
+				}
+				_, err := post(t, ctx, a.HTTPClient(), `{"amount":1}`)
+				require.ErrorIs(t, err, idem.ErrAttemptsExhausted)
+				r, err := post(t, ctx, b.HTTPClient(), `{"amount":1}`)
+				require.NoError(t, err)
+				r.Body.Close()
+				keys := rt.keys()
+				require.Len(t, keys, 2)
+				if named {
+					assert.Equal(t, keys[0], keys[1], "a name joins the retry on another replica")
+				} else {
+					assert.NotEqual(t, keys[0], keys[1], "matching reached another process")
+				}
+			})
+		})
+	}
+}
+
+// rtFunc is a RoundTripper from a function.
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// nopCloseStore lets two Clients share one MemoryStore, as replicas share
+// a journal: closing a Client does not close the store.
+type nopCloseStore struct{ *idem.MemoryStore }
+
+func (nopCloseStore) Close() error { return nil }

@@ -60,8 +60,8 @@ const (
 	// sending it without a renewal. A live call renews it.
 	DefaultLease = 30 * time.Second
 	// DefaultResendMatchWindow is how long after a call ended without a
-	// definite answer a call with the same payload and no key of its own
-	// is taken for its resend and reuses its key.
+	// definite answer its caller received the same call with no key of its
+	// own is taken for its resend and reuses its key.
 	DefaultResendMatchWindow = time.Minute
 	// DefaultResendMatchLimit is how many calls without a definite answer
 	// the resend match index holds at most (see WithResendMatchLimit).
@@ -236,10 +236,17 @@ func WithResendWindow(d time.Duration) Option {
 }
 
 // WithResendMatchWindow sets how long after a call ended without a
-// definite answer (in doubt, or with a 5xx or 429) a call with the same
-// payload and no key of its own reuses its key: the resend of an SDK's
-// retry loop, or of a user's second tap. Zero or less turns matching off.
-// The default is one minute.
+// definite answer its caller received (in doubt, with a 5xx, 429 or 409,
+// or finished by Resume) a call with no key of its own that is the same
+// call (same method, URL, body, non-volatile headers and principal; see
+// WithVolatileHeaders and WithPrincipal) reuses its key: the resend of an
+// SDK's retry loop. Matching joins the resends of one call within one
+// process only; a double tap (a second call while the first is in flight
+// or after its answer) and a retry on another replica are new calls, which
+// only a key the application supplies (WithOperation, the server side's
+// keys) joins. A backend whose provider calls do not identify the end user
+// must name its operations, set WithPrincipal, or turn matching off. Zero
+// or less turns matching off. The default is one minute.
 func WithResendMatchWindow(d time.Duration) Option {
 	return func(c *config) { c.matchWindow = d }
 }

@@ -19,9 +19,10 @@ import (
 //  1. refuses a request that can never be sent (no URL, a scheme other
 //     than http or https, no host, a header value with a line break);
 //  2. chooses the key: WithKey, then WithOperation, then a key already on
-//     the request's header, then the key of a recent call with the same
-//     payload that ended without a definite answer (an SDK's own retry, a
-//     double submit), then a new random UUIDv7;
+//     the request's header, then the key of a recent call in this process
+//     that was the same call (method, URL, body, non-volatile headers,
+//     principal) and ended without a definite answer its caller received
+//     (an SDK's own retry), then a new random UUIDv7;
 //  3. reads the body (at most the body limit) and fingerprints the payload;
 //  4. journals key, fingerprint and the replayable request (credentials
 //     removed) and waits until the journal has made them durable: if the
