@@ -157,6 +157,11 @@ var defaultVolatile = []string{
 	// Retry counters: the only mark openai-go and anthropic-sdk-go put on
 	// their own retries; a counter is what makes a resend a resend.
 	"X-Stainless-Retry-Count",
+	// Other retry counters and attempt marks: generic ones of hand-written
+	// retry loops; the AWS SDKs' attempt number and per-invocation id; the
+	// Google client libraries' header, which carries an invocation id and
+	// an attempt count.
+	"X-Retry-Count", "X-Retry-Attempt", "Amz-Sdk-Request", "Amz-Sdk-Invocation-Id", "X-Goog-Api-Client",
 	// The Stainless SDKs' per-request timeout: a client setting, shrunk by
 	// some SDKs as the call's deadline nears, never the payload.
 	"X-Stainless-Timeout",

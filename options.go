@@ -272,12 +272,15 @@ func WithResendMatchLimit(n int) Option {
 // differ in a tenant or account header (Stripe-Account,
 // OpenAI-Organization, OpenAI-Project, ...) are never matched. The
 // default list is the per-attempt headers of common clients and tracers:
-// X-Stainless-Retry-Count, X-Stainless-Timeout, X-Stripe-Client-Telemetry,
-// Traceparent, Tracestate, Baggage, the B3, Datadog, X-Ray, Cloud Trace,
-// Jaeger and Sentry trace headers, Date, X-Amz-Date, X-Request-Id,
-// Request-Id, X-Correlation-Id, User-Agent, and the hop-by-hop and framing
-// headers. Add a header a client sets afresh on each attempt (a request
-// signature's nonce or timestamp); never add one that names a tenant.
+// retry counters and attempt marks (X-Stainless-Retry-Count, X-Retry-Count,
+// X-Retry-Attempt, Amz-Sdk-Request, Amz-Sdk-Invocation-Id,
+// X-Goog-Api-Client, X-Stainless-Timeout, X-Stripe-Client-Telemetry),
+// trace context (Traceparent, Tracestate, Baggage, the B3, Datadog, X-Ray,
+// Cloud Trace, Jaeger and Sentry headers), dates (Date, X-Amz-Date),
+// request ids (X-Request-Id, Request-Id, X-Correlation-Id), User-Agent, and
+// the hop-by-hop and framing headers. Add a header a client sets afresh on
+// each attempt (a request signature's nonce or timestamp); never add one
+// that names a tenant. The list's reasons are in the source (match.go).
 func WithVolatileHeaders(names ...string) Option {
 	return func(c *config) {
 		for _, n := range names {
