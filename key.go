@@ -104,7 +104,7 @@ func validKey(k string) error {
 	}
 	for i := 0; i < len(k); i++ {
 		if k[i] < 0x21 || k[i] > 0x7e {
-			return fmt.Errorf("key %s has a byte 0x%02x that is not visible ASCII", quote(k), k[i])
+			return fmt.Errorf("key has a byte 0x%02x at offset %d that is not visible ASCII", k[i], i)
 		}
 	}
 	return nil

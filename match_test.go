@@ -341,7 +341,7 @@ func TestWhoIsNotJoined(t *testing.T) {
 				mu   sync.Mutex
 				keys []string
 			)
-			rt := rtFunc(func(r *http.Request) (*http.Response, error) {
+			rt := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 				io.Copy(io.Discard, r.Body)
 				mu.Lock()
 				keys = append(keys, r.Header.Get("Idempotency-Key"))
@@ -402,11 +402,6 @@ func TestWhoIsNotJoined(t *testing.T) {
 		})
 	}
 }
-
-// rtFunc is a RoundTripper from a function.
-type rtFunc func(*http.Request) (*http.Response, error)
-
-func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // nopCloseStore lets two Clients share one MemoryStore, as replicas share
 // a journal: closing a Client does not close the store.

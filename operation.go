@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type operation struct {
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
+	doubtful   bool                  // the answer delivered leaves it in doubt
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	answer     answerBody            // the body handed to the caller
@@ -122,7 +124,7 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
-		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
+		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
 	}
 	if created {
 		j.flight.setKey(ids, rec.Key)
@@ -175,6 +177,23 @@ func (j *journal) claimed(rec Operation) *operation {
 	j.armRenewal()
 	return &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
 }
+
+// unjournaled is a store's error about a key that was never journaled: its
+// text does not show the key, which no caller could use, while errors.Is
+// and errors.As still see the error.
+type unjournaled struct {
+	err error
+	key string
+}
+
+func (u unjournaled) Error() string {
+	if u.key == "" {
+		return u.err.Error()
+	}
+	return strings.ReplaceAll(u.err.Error(), u.key, "(unjournaled key)")
+}
+
+func (u unjournaled) Unwrap() error { return u.err }
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
 func journalCause(err error) error {
@@ -249,14 +268,19 @@ func (o *operation) recordAttempt(status int, errText string) {
 	}
 }
 
-// end runs once when the operation ends, however it ends.
+// end runs once when the operation ends, however it ends. fn writes the
+// ending to the journal, then calls the hooks; if a hook panics, the
+// operation still leaves flight (and its call is uncounted) before the
+// panic goes on.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
+		defer func() {
+			o.j.flight.release(o.ids)
+			if o.live {
+				o.j.calls.done()
+			}
+		}()
 		fn()
-		o.j.flight.release(o.ids)
-		if o.live {
-			o.j.calls.done()
-		}
 	})
 }
 
@@ -357,14 +381,19 @@ func (o *operation) stop(cause, err error) error {
 // operation settles when the caller has read the body to its end or closed
 // it; a read error leaves it in doubt instead, since the caller never
 // learned the answer. A 401, 403 or 407 to a resend says nothing about the
-// earlier request and leaves the operation in doubt too.
+// earlier request and leaves the operation in doubt too; so does a 409 "in
+// progress" when attempts ran out: a request under the key is still being
+// handled, so its outcome is unknown, and the operation stays pending for
+// Resume or a re-drive, never failed.
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	if o == nil {
 		return resp
 	}
 	o.status = resp.StatusCode
 	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
-		resp.StatusCode == http.StatusProxyAuthRequired)
+		resp.StatusCode == http.StatusProxyAuthRequired) ||
+		v == transient && resp.StatusCode == http.StatusConflict
+	o.doubtful = doubt
 	if resp.Body == nil || resp.Body == http.NoBody {
 		o.received(v, doubt)
 		return resp
