@@ -297,7 +297,10 @@ func WithVolatileHeaders(names ...string) Option {
 // jti, request signatures), which otherwise never match, or when one
 // provider key serves many end users whose identical calls must never be
 // merged (the function then names the end user, for example from the
-// request's context). An empty name falls back to the credentials' digest.
+// request's context). The name replaces the credentials entirely, so it
+// must tell apart whatever the credentials would (the provider account as
+// well as the end user). An empty name falls back to the credentials'
+// digest.
 // It is called once per keyed request, from many goroutines at once.
 func WithPrincipal(fn func(*http.Request) string) Option {
 	return func(c *config) { c.principal = fn }
