@@ -339,3 +339,29 @@ func TestResumeSkipsSettledClaim(t *testing.T) {
 		mu.Unlock()
 	})
 }
+
+// TestResumePrepareUnsendable: credentials a WithResumePrepare hook adds
+// are checked like any header: an unsendable one is not sent, and the
+// operation stays pending for a fixed hook.
+func TestResumePrepareUnsendable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &scriptRT{steps: []step{fail(errReset)}}
+		c, store := newTestClient(rt, idem.WithMaxAttempts(1), idem.WithResumePrepare(func(r *http.Request) error {
+			r.Header.Set("Authorization", "Bearer \x01bad")
+			return nil
+		}))
+		defer c.Close()
+		req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer good")
+		_, err = c.HTTPClient().Do(req)
+		require.ErrorIs(t, err, idem.ErrAttemptsExhausted)
+		n := len(rt.keys())
+		fn, got := collect()
+		require.NoError(t, c.Resume(context.Background(), fn))
+		require.Len(t, got.list(), 1)
+		assert.ErrorIs(t, got.list()[0].err, idem.ErrInvalidRequest)
+		assert.Len(t, rt.keys(), n, "nothing sent")
+		assert.Len(t, pendingOf(t, store), 1, "still pending")
+	})
+}

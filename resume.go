@@ -217,6 +217,11 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 		if err := prepare(req); err != nil {
 			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
 		}
+		// What the hook added must be sendable too; the operation stays
+		// pending for a fixed hook.
+		if err := checkRequest(req); err != nil {
+			return notSent(StatePending, ErrInvalidRequest, fmt.Errorf("idem: after the resume prepare hook: %w", err))
+		}
 	}
 	req = req.WithContext(o.traced(req.Context()))
 	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
