@@ -66,7 +66,7 @@ func (r *recentCalls) add(mk [32]byte, key string) {
 	for len(r.entries) >= limit {
 		r.removeLocked(r.order.Front())
 		r.evicted.Add(1)
-		if !r.warned {
+		if !r.warned && r.log != nil {
 			r.warned = true
 			r.log.Warn("idem: resend match index is full; the oldest calls in doubt are forgotten, so their resends get new keys (raise WithResendMatchLimit)",
 				"idem.match_limit", limit, "idem.match_window", r.window)
