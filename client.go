@@ -63,7 +63,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	j := &journal{
 		store: store, owner: cfg.owner, lease: cfg.lease, resendWindow: cfg.resendWindow,
 		retention: cfg.retention, log: cfg.logger,
-		recent: recentCalls{window: cfg.matchWindow},
+		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
@@ -139,18 +139,39 @@ func (c *Client) shutdown(ctx context.Context) error {
 		close(c.stop)
 		<-c.done
 	}
+	// Each wait looks first whether its thing is done already: with ctx
+	// ended too, a select would pick at random and report what did not
+	// happen.
 	var waitErr error
-	select {
-	case <-idle:
-	case <-ctx.Done():
-		waitErr = fmt.Errorf("idem: shutdown: %d calls still in flight stay pending: %w", j.calls.count(), context.Cause(ctx))
+	if !ready(idle) {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			if n := j.calls.count(); n > 0 {
+				waitErr = fmt.Errorf("idem: shutdown: %d calls still in flight stay pending: %w", n, context.Cause(ctx))
+			}
+		}
 	}
 	j.stopRenewal()
 	j.sweeps.Wait()
 	select {
-	case c.resuming <- struct{}{}: // wait for a Resume still running; none starts after this
-	case <-ctx.Done():
-		waitErr = errors.Join(waitErr, fmt.Errorf("idem: shutdown: a Resume is still running: %w", context.Cause(ctx)))
+	case c.resuming <- struct{}{}: // no Resume runs; none starts after this
+	default:
+		select {
+		case c.resuming <- struct{}{}: // the running Resume has returned
+		case <-ctx.Done():
+			waitErr = errors.Join(waitErr, fmt.Errorf("idem: shutdown: a Resume is still running: %w", context.Cause(ctx)))
+		}
 	}
 	return errors.Join(waitErr, j.store.Close())
+}
+
+// ready reports whether ch is closed.
+func ready(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

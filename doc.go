@@ -31,14 +31,22 @@
 //
 // # Every caller
 //
-// Callers retry too. A resend of the same payload (method, URL, body and
-// the headers that define it) with no key of its own, arriving within a
-// minute after a call that ended without a definite answer, reuses that
-// call's key: an SDK's retry loop (openai-go, anthropic-sdk-go) or a double
-// submit is one operation. Calls of one key or name at once take turns: the
-// later ones wait, bounded by their context, and then re-drive the key,
-// getting the server's stored answer. A call that received a definite
-// answer is never merged with a later one.
+// Callers retry too. Within one process, a call with no key of its own that
+// is the same call as one that ended, within a minute, without a definite
+// answer its caller received (same method, URL, body, every header but the
+// volatile ones, and the same principal) reuses that call's key: an SDK's
+// retry loop (openai-go, anthropic-sdk-go) is one operation. Only a
+// definite answer delivered to a live caller ends that match; a Resume
+// that finished the operation does not. Calls of one key or name at once
+// take turns: the later ones wait, bounded by their context, and then
+// re-drive the key, getting the server's stored answer.
+//
+// Matching does not reach other processes, nor a second identical call
+// made while the first is in flight or after its answer (a double tap):
+// those are stopped by keys the application supplies (WithOperation, or
+// the server side's keys). A backend whose provider calls do not identify
+// the end user must name its operations, name the principal
+// (WithPrincipal), or turn matching off (WithResendMatchWindow(0)).
 //
 // # Guarantees
 //

@@ -51,8 +51,11 @@ var (
 	// Nothing is sent; the operation stays pending.
 	ErrNoCredentials = errors.New("idem: resend needs credentials (set WithResumePrepare)")
 	// ErrInvalidRequest is returned for a request that can never be sent (no
-	// URL, a scheme other than http or https, no host, a header value with
-	// a line break). Nothing is journaled or sent.
+	// URL, a scheme other than http or https, no host, a header name that is
+	// not a token or a value with a control byte other than HTAB, a key
+	// header name that is not a token, a body whose length is not its
+	// ContentLength, a GetBody that returns no body). Nothing is journaled
+	// or sent.
 	ErrInvalidRequest = errors.New("idem: invalid request")
 	// ErrAttemptsExhausted is returned when the last allowed attempt ended
 	// without a response. The operation stays pending: its outcome is unknown.

@@ -12,6 +12,12 @@ import (
 // Hooks are called synchronously on the goroutine doing the work (the
 // caller's, Resume's, or the journal's writer for JournalCommit): keep
 // them quick, and do not call back into the Client from them.
+//
+// A hook that panics does not leave its operation in flight: the
+// operation's ending (settled, in doubt, or failed unsent when no request
+// went out) is written to the journal and the operation is released
+// before the panic goes on up the caller's goroutine, so a re-drive of its
+// name or key, Resume and Close do not wait for it.
 type Hooks struct {
 	// AttemptDone is called after each attempt with what it got.
 	AttemptDone func(AttemptInfo)

@@ -48,6 +48,21 @@ func TestUnsendableRequests(t *testing.T) {
 		{"header value with LF", func(b io.ReadCloser) *http.Request {
 			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X-Note": {"a\nb"}}, Body: b}
 		}, idem.ErrInvalidRequest},
+		{"header value with a control byte", func(b io.ReadCloser) *http.Request {
+			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X-Note": {"a\x01b"}}, Body: b}
+		}, idem.ErrInvalidRequest},
+		{"header value with ESC", func(b io.ReadCloser) *http.Request {
+			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X-Note": {"\x1b[31mred"}}, Body: b}
+		}, idem.ErrInvalidRequest},
+		{"header value with DEL", func(b io.ReadCloser) *http.Request {
+			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X-Note": {"a\x7f"}}, Body: b}
+		}, idem.ErrInvalidRequest},
+		{"header name with a space", func(b io.ReadCloser) *http.Request {
+			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X Note": {"v"}}, Body: b}
+		}, idem.ErrInvalidRequest},
+		{"Host with a control byte", func(b io.ReadCloser) *http.Request {
+			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Host: "a\x01b", Header: http.Header{}, Body: b}
+		}, idem.ErrInvalidRequest},
 		{"header name with a colon", func(b io.ReadCloser) *http.Request {
 			return &http.Request{Method: "POST", URL: mustURL("https://pay.example/x"), Header: http.Header{"X-A:b": {"v"}}, Body: b}
 		}, idem.ErrInvalidRequest},

@@ -2,13 +2,8 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/google/uuid"
 )
@@ -109,113 +104,8 @@ func validKey(k string) error {
 	}
 	for i := 0; i < len(k); i++ {
 		if k[i] < 0x21 || k[i] > 0x7e {
-			return fmt.Errorf("key %s has a byte 0x%02x that is not visible ASCII", quote(k), k[i])
+			return fmt.Errorf("key has a byte 0x%02x at offset %d that is not visible ASCII", k[i], i)
 		}
 	}
 	return nil
-}
-
-// recentCalls remembers, for a short while, the calls that ended without a
-// definite answer (in doubt, or with a transient status), by payload
-// fingerprint and credentials (see matchKey): a caller's resend of the same
-// payload (an SDK's own retry loop, a double submit) reuses their key
-// instead of getting a new one.
-type recentCalls struct {
-	mu      sync.Mutex
-	window  time.Duration
-	entries map[[32]byte]recentCall
-}
-
-type recentCall struct {
-	key string
-	at  time.Time
-}
-
-// maxRecent bounds the index; older entries are pruned first.
-const maxRecent = 4096
-
-func (r *recentCalls) add(mk [32]byte, key string) {
-	if r.window <= 0 || mk == ([32]byte{}) {
-		return
-	}
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.entries == nil {
-		r.entries = make(map[[32]byte]recentCall)
-	}
-	if len(r.entries) >= maxRecent {
-		for k, e := range r.entries {
-			if now.Sub(e.at) > r.window {
-				delete(r.entries, k)
-			}
-		}
-		if len(r.entries) >= maxRecent {
-			return
-		}
-	}
-	r.entries[mk] = recentCall{key: key, at: now}
-}
-
-func (r *recentCalls) forget(mk [32]byte, key string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if e, ok := r.entries[mk]; ok && e.key == key {
-		delete(r.entries, mk)
-	}
-}
-
-// match returns the key of a recent call with match key mk.
-func (r *recentCalls) match(mk [32]byte) (string, bool) {
-	if mk == ([32]byte{}) {
-		return "", false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[mk]
-	if !ok || time.Since(e.at) > r.window {
-		return "", false
-	}
-	return e.key, true
-}
-
-// matchKey returns the key under which recentCalls knows a call: the
-// payload's fingerprint and a digest of the call's credentials (secret
-// headers, the URL's user info and secret query parameters), so that the
-// same payload sent for another account is never taken for a resend. It
-// stays in memory. It is zero when matching is off.
-func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
-	if c.matchWindow <= 0 {
-		return [32]byte{}
-	}
-	var creds []string // in a fixed order: maps iterate at random
-	for k, vs := range req.Header {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] {
-			for _, v := range vs {
-				creds = append(creds, fmt.Sprintf("h%d:%s=%d:%s", len(ck), ck, len(v), v))
-			}
-		}
-	}
-	if u := req.URL.User; u != nil {
-		creds = append(creds, "u"+u.String())
-	}
-	if req.URL.RawQuery != "" && c.hasSecretQuery(req.URL.RawQuery) {
-		for k, vs := range req.URL.Query() {
-			if c.secretQuery[k] || c.secretQuery[strings.ToLower(k)] {
-				creds = append(creds, fmt.Sprintf("q%d:%s=%q", len(k), k, vs))
-			}
-		}
-	}
-	if len(creds) == 0 {
-		return fp // no credentials: the payload alone
-	}
-	slices.Sort(creds)
-	d := sha256.New()
-	d.Write(fp[:])
-	for _, s := range creds {
-		fmt.Fprintf(d, "%d:%s;", len(s), s)
-	}
-	var out [32]byte
-	d.Sum(out[:0])
-	return out
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,7 @@ type operation struct {
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
+	doubtful   bool                  // the answer delivered leaves it in doubt
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	answer     answerBody            // the body handed to the caller
@@ -62,9 +64,9 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 // begin reserves op in the journal, or takes over the record that has its
 // key or name, and marks it in flight in this process. A call of the same
 // key or name in flight here, or under another process's live lease, is
-// waited for until ctx ends. matched says that op.Key was taken from a
-// recent call with the same payload (see recentCalls).
-func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*operation, error) {
+// waited for until ctx ends. mk is the call's match key (see recentCalls)
+// and matched says that op.Key was taken from the recent call it names.
+func (j *journal) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) (*operation, error) {
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
@@ -74,7 +76,7 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 			}
 			continue
 		}
-		o, wait, err := j.reserve(ctx, &op, &ids, matched)
+		o, wait, err := j.reserve(ctx, &op, &ids, mk, matched)
 		if err == nil {
 			return o, nil
 		}
@@ -105,31 +107,25 @@ func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*opera
 	}
 }
 
-// definite reports whether rec records an answer a resend must never be
-// merged into: a success, a permanent failure, or an expiry. A failure
-// with a transient status, or a 409 (which may mean "in progress"), is not
-// definite.
-func definite(rec *Operation) bool {
-	switch rec.State {
-	case StateSucceeded, StateExpired:
-		return true
-	case StateFailed:
-		return !transientStatus(rec.LastStatus) && rec.LastStatus != http.StatusConflict
-	}
-	return false
-}
-
-// errMatchSettled says that the record a recent call's key points to has a
-// definite answer by now, so the call is a new operation.
-var errMatchSettled = errors.New("idem: the matched operation has a definite answer")
+// errMatchSettled says that the recent call a call was matched to has
+// ended with a definite answer its live caller received while this call
+// waited for it, so this call is a new operation.
+var errMatchSettled = errors.New("idem: the matched call's caller received a definite answer")
 
 // reserve is one try of begin, with ids held. If the name's key is in
 // flight here it returns the channel to wait on, with an *Error for the
 // case that the wait ends first.
-func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
+//
+// A matched call (matched: op.Key came from recentCalls under mk) stays
+// matched as long as the index holds that key for mk, whatever the
+// record's state: only a live caller that received a definite answer ends
+// a match (settle forgets it), while Resume finishing the operation for
+// its own handler does not, so the caller's resend after a Resume gets the
+// server's stored answer under the same key.
+func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
-		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
+		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
 	}
 	if created {
 		j.flight.setKey(ids, rec.Key)
@@ -144,8 +140,13 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
 		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
 	}
-	if matched && definite(&rec) {
-		return nil, nil, errMatchSettled
+	if matched {
+		if k, ok := j.recent.match(mk); !ok || k != rec.Key {
+			return nil, nil, errMatchSettled
+		}
+		if rec.State == StateExpired {
+			return fail(ErrExpired, nil)
+		}
 	}
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)
@@ -177,6 +178,23 @@ func (j *journal) claimed(rec Operation) *operation {
 	j.armRenewal()
 	return &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
 }
+
+// unjournaled is a store's error about a key that was never journaled: its
+// text does not show the key, which no caller could use, while errors.Is
+// and errors.As still see the error.
+type unjournaled struct {
+	err error
+	key string
+}
+
+func (u unjournaled) Error() string {
+	if u.key == "" {
+		return u.err.Error()
+	}
+	return strings.ReplaceAll(u.err.Error(), u.key, "(unjournaled key)")
+}
+
+func (u unjournaled) Unwrap() error { return u.err }
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
 func journalCause(err error) error {
@@ -251,14 +269,19 @@ func (o *operation) recordAttempt(status int, errText string) {
 	}
 }
 
-// end runs once when the operation ends, however it ends.
+// end runs once when the operation ends, however it ends. fn writes the
+// ending to the journal, then calls the hooks; if a hook panics, the
+// operation still leaves flight (and its call is uncounted) before the
+// panic goes on.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
+		defer func() {
+			o.j.flight.release(o.ids)
+			if o.live {
+				o.j.calls.done()
+			}
+		}()
 		fn()
-		o.j.flight.release(o.ids)
-		if o.live {
-			o.j.calls.done()
-		}
 	})
 }
 
@@ -359,14 +382,19 @@ func (o *operation) stop(cause, err error) error {
 // operation settles when the caller has read the body to its end or closed
 // it; a read error leaves it in doubt instead, since the caller never
 // learned the answer. A 401, 403 or 407 to a resend says nothing about the
-// earlier request and leaves the operation in doubt too.
+// earlier request and leaves the operation in doubt too; so does a 409 "in
+// progress" when attempts ran out: a request under the key is still being
+// handled, so its outcome is unknown, and the operation stays pending for
+// Resume or a re-drive, never failed.
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	if o == nil {
 		return resp
 	}
 	o.status = resp.StatusCode
 	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
-		resp.StatusCode == http.StatusProxyAuthRequired)
+		resp.StatusCode == http.StatusProxyAuthRequired) ||
+		v == transient && resp.StatusCode == http.StatusConflict
+	o.doubtful = doubt
 	if resp.Body == nil || resp.Body == http.NoBody {
 		o.received(v, doubt)
 		return resp

@@ -29,6 +29,9 @@ type config struct {
 	sendLarge     bool
 	resendWindow  time.Duration
 	matchWindow   time.Duration
+	matchLimit    int
+	volatile      map[string]bool
+	principal     func(*http.Request) string
 	retention     time.Duration
 	prepare       func(*http.Request) error
 	resumeWorkers int
@@ -57,9 +60,12 @@ const (
 	// sending it without a renewal. A live call renews it.
 	DefaultLease = 30 * time.Second
 	// DefaultResendMatchWindow is how long after a call ended without a
-	// definite answer a call with the same payload and no key of its own
-	// is taken for its resend and reuses its key.
+	// definite answer its caller received the same call with no key of its
+	// own is taken for its resend and reuses its key.
 	DefaultResendMatchWindow = time.Minute
+	// DefaultResendMatchLimit is how many calls without a definite answer
+	// the resend match index holds at most (see WithResendMatchLimit).
+	DefaultResendMatchLimit = 100_000
 )
 
 // defaultSecretQuery are the query parameters never journaled by default.
@@ -78,6 +84,10 @@ func newConfig(opts []Option) config {
 		retention:     DefaultRetention,
 		resumeWorkers: 8,
 		lease:         DefaultLease,
+	}
+	c.volatile = make(map[string]bool, len(defaultVolatile))
+	for _, h := range defaultVolatile {
+		c.volatile[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, q := range defaultSecretQuery {
 		c.secretQuery[q] = true
@@ -226,12 +236,74 @@ func WithResendWindow(d time.Duration) Option {
 }
 
 // WithResendMatchWindow sets how long after a call ended without a
-// definite answer (in doubt, or with a 5xx or 429) a call with the same
-// payload and no key of its own reuses its key: the resend of an SDK's
-// retry loop, or of a user's second tap. Zero or less turns matching off.
-// The default is one minute.
+// definite answer its caller received (in doubt, with a 5xx, 429 or 409,
+// or finished by Resume) a call with no key of its own that is the same
+// call (same method, URL, body, non-volatile headers and principal; see
+// WithVolatileHeaders and WithPrincipal) reuses its key: the resend of an
+// SDK's retry loop. Matching joins the resends of one call within one
+// process only; a double tap (a second call while the first is in flight
+// or after its answer) and a retry on another replica are new calls, which
+// only a key the application supplies (WithOperation, the server side's
+// keys) joins. A backend whose provider calls do not identify the end user
+// must name its operations, set WithPrincipal, or turn matching off. Zero
+// or less turns matching off. The default is one minute.
 func WithResendMatchWindow(d time.Duration) Option {
 	return func(c *config) { c.matchWindow = d }
+}
+
+// WithResendMatchLimit bounds how many calls without a definite answer
+// the resend match index holds in memory, each about 240 bytes. Inside the
+// match window it forgets none until it holds n; beyond that the oldest
+// is forgotten first (its resend then gets a new key), counted in
+// Client.ResendMatchStats and logged once at Warn. Set it above the
+// number of calls that may end in doubt within one window during an
+// outage. Zero or less keeps the default, 100,000 (about 24 MB when full).
+func WithResendMatchLimit(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.matchLimit = n
+		}
+	}
+}
+
+// WithVolatileHeaders adds headers that may differ between the resends of
+// one call without making it another call, for resend matching. Every
+// other header is part of what identifies a call, so that two calls that
+// differ in a tenant or account header (Stripe-Account,
+// OpenAI-Organization, OpenAI-Project, ...) are never matched. The
+// default list is the per-attempt headers of common clients and tracers:
+// retry counters and attempt marks (X-Stainless-Retry-Count, X-Retry-Count,
+// X-Retry-Attempt, Amz-Sdk-Request, Amz-Sdk-Invocation-Id,
+// X-Goog-Api-Client, X-Stainless-Timeout, X-Stripe-Client-Telemetry),
+// trace context (Traceparent, Tracestate, Baggage, the B3, Datadog, X-Ray,
+// Cloud Trace, Jaeger and Sentry headers), dates (Date, X-Amz-Date),
+// request ids (X-Request-Id, Request-Id, X-Correlation-Id), User-Agent, and
+// the hop-by-hop and framing headers. Add a header a client sets afresh on
+// each attempt (a request signature's nonce or timestamp); never add one
+// that names a tenant. The list's reasons are in the source (match.go).
+func WithVolatileHeaders(names ...string) Option {
+	return func(c *config) {
+		for _, n := range names {
+			c.volatile[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithPrincipal sets a function that names the principal a call acts for
+// (an end user, a tenant, an account), for resend matching: calls are
+// matched only if it returns the same name for both, and the name is used
+// instead of the digest of the call's credentials. Set it when credentials
+// change on every request (a JWT signed per request with its own iat or
+// jti, request signatures), which otherwise never match, or when one
+// provider key serves many end users whose identical calls must never be
+// merged (the function then names the end user, for example from the
+// request's context). The name replaces the credentials entirely, so it
+// must tell apart whatever the credentials would (the provider account as
+// well as the end user). An empty name falls back to the credentials'
+// digest.
+// It is called once per keyed request, from many goroutines at once.
+func WithPrincipal(fn func(*http.Request) string) Option {
+	return func(c *config) { c.principal = fn }
 }
 
 // WithRetention sets how long finished operations are kept in the journal

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,15 +29,76 @@ func checkRequest(req *http.Request) error {
 			return fmt.Errorf("%w: header name %s", ErrInvalidRequest, quote(k))
 		}
 		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n\x00") {
-				return fmt.Errorf("%w: header %s has a line break or NUL in its value", ErrInvalidRequest, quote(k))
+			if i := badValueByte(v); i >= 0 {
+				return fmt.Errorf("%w: header %s has a control byte 0x%02x in its value", ErrInvalidRequest, quote(k), v[i])
 			}
 		}
 	}
-	if strings.ContainsAny(req.Host, "\r\n\x00 ") {
+	if i := badValueByte(req.Host); i >= 0 || strings.Contains(req.Host, " ") {
 		return fmt.Errorf("%w: Host %s", ErrInvalidRequest, quote(req.Host))
 	}
 	return nil
+}
+
+// badValueByte returns the index of the first byte of a header value that
+// net/http refuses to send (a control byte other than HTAB, or DEL, as
+// golang.org/x/net/http/httpguts.ValidHeaderFieldValue), or -1.
+func badValueByte(v string) int {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// lengthMismatch is a request body whose length is not its ContentLength:
+// such a request can never be sent as it is.
+type lengthMismatch struct{ got, want int64 }
+
+func lengthError(got, want int64) error { return &lengthMismatch{got, want} }
+
+func (e *lengthMismatch) Error() string {
+	if e.got < e.want {
+		return fmt.Sprintf("body is %d bytes, shorter than its ContentLength %d", e.got, e.want)
+	}
+	return fmt.Sprintf("body is longer than its ContentLength %d", e.want)
+}
+
+// invalidIf returns ErrInvalidRequest if err says the request can never
+// be sent, else nil.
+func invalidIf(err error) error {
+	var lm *lengthMismatch
+	if errors.As(err, &lm) || errors.Is(err, errNoBody) {
+		return ErrInvalidRequest
+	}
+	return nil
+}
+
+// errNoBody is a GetBody that returned neither a body nor an error.
+var errNoBody = errors.New("GetBody returned a nil body and no error")
+
+// someBody returns getBody, made to return an error instead of a nil body.
+func someBody(getBody func() (io.ReadCloser, error)) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		b, err := getBody()
+		if err == nil && b == nil {
+			return nil, errNoBody
+		}
+		return b, err
+	}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // validMethod reports whether m is an HTTP token ("" means GET).
@@ -150,11 +212,15 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 	if req.ContentLength > 0 {
 		// The length is known: read into one buffer of exactly that size.
 		body = make([]byte, req.ContentLength)
-		_, err = io.ReadFull(req.Body, body)
-		if err == nil {
+		var n int
+		n, err = io.ReadFull(req.Body, body)
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			err = lengthError(int64(n), req.ContentLength)
+		case err == nil:
 			var extra [1]byte
 			if n, _ := io.ReadFull(req.Body, extra[:]); n > 0 {
-				err = fmt.Errorf("body is longer than its ContentLength %d", req.ContentLength)
+				err = lengthError(req.ContentLength+1, req.ContentLength)
 			}
 		}
 		if err != nil {
@@ -204,7 +270,9 @@ func closeBody(req *http.Request) {
 // discard drains a little of a response body, so that the connection can
 // be reused, and closes it.
 func discard(resp *http.Response) {
-	io.CopyN(io.Discard, resp.Body, 4<<10)
+	if pb, ok := resp.Body.(*peekedBody); !ok || !pb.stalled() {
+		io.CopyN(io.Discard, resp.Body, 4<<10)
+	}
 	resp.Body.Close()
 }
 

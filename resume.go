@@ -164,6 +164,12 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if o == nil {
 		return resumed{}, false // in flight here; its caller gets the outcome
 	}
+	// The claim was read with its page: a live call may have settled the
+	// operation since. Only a record still pending is Resume's to send.
+	if cur, err := j.store.Get(ctx, rec.Key); err != nil || cur.State != StatePending {
+		o.end(func() {})
+		return resumed{}, false
+	}
 	o.hooks = hooksFor(ctx, c.t.cfg.hooks)
 	notSent := func(state State, cause, err error) (resumed, bool) {
 		o.end(func() {
@@ -211,6 +217,11 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 		if err := prepare(req); err != nil {
 			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
 		}
+		// What the hook added must be sendable too; the operation stays
+		// pending for a fixed hook.
+		if err := checkRequest(req); err != nil {
+			return notSent(StatePending, ErrInvalidRequest, fmt.Errorf("idem: after the resume prepare hook: %w", err))
+		}
 	}
 	req = req.WithContext(o.traced(req.Context()))
 	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
@@ -246,9 +257,15 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 			}
 		}
 	}()
+	var ie *Error
+	if r.resp == nil && r.o != nil && errors.As(r.err, &ie) && ie.State == StatePending && c.settledMeanwhile(rec.Key) {
+		return nil // a live call settled it after Resume let it go: its caller has the answer
+	}
 	if r.resp != nil {
 		rec.LastStatus = r.resp.StatusCode
 		switch {
+		case r.o != nil && r.o.doubtful: // a 401/403/407 or a 409 "in progress"
+			rec.State = StatePending
 		case r.resp.StatusCode < 400:
 			rec.State = StateSucceeded
 		case r.resp.StatusCode == http.StatusUnauthorized || r.resp.StatusCode == http.StatusForbidden ||
@@ -257,14 +274,20 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		default:
 			rec.State = StateFailed
 		}
-	} else {
-		var ie *Error
-		if errors.As(r.err, &ie) {
-			rec.State = ie.State
-		}
+	} else if errors.As(r.err, &ie) {
+		rec.State = ie.State
 	}
 	fn(rec, r.resp, r.err)
 	return nil
+}
+
+// settledMeanwhile reports whether the operation with key has a definite
+// answer in the journal now: Resume ended it without one (it stays pending
+// for a reason Resume reports), and a live call settled it before the
+// report reached the handler.
+func (c *Client) settledMeanwhile(key string) bool {
+	cur, err := c.t.j.store.Get(context.Background(), key)
+	return err == nil && (cur.State == StateSucceeded || cur.State == StateFailed)
 }
 
 // logOutcome is the handler of a background Resume without one: it logs

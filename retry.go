@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -143,27 +142,39 @@ func transientStatus(code int) bool {
 	return false
 }
 
-// conflictPeek bounds how much of a 409 body is read to classify it.
-const conflictPeek = 4 << 10
+// conflictPeek bounds how much of a 409 body is read to classify it, and
+// conflictPeekWait how long that read may take: net/http returns at the
+// headers, and a body that stalls must not hold the call.
+const (
+	conflictPeek     = 4 << 10
+	conflictPeekWait = time.Second
+)
 
 // conflictIsKeyReuse reports whether a 409 says the key was already used
 // for another request rather than that the first request is in progress.
 // It reads the RFC 9457 problem's type and code (or a JSON error's code,
-// as Stripe sends it) from at most conflictPeek bytes of the body, and
-// puts them back in front of the body, so the caller still reads it all.
-// A 409 it cannot read is "in progress", the draft's meaning of a bare 409.
+// as Stripe sends it) from at most conflictPeek bytes of the body, read
+// within conflictPeekWait, and puts them back in front of the body, so the
+// caller still reads it all. A 409 it cannot read, in time or at all, is
+// "in progress", the draft's meaning of a bare 409.
 func conflictIsKeyReuse(resp *http.Response) bool {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return false
 	}
-	peek, err := io.ReadAll(io.LimitReader(resp.Body, conflictPeek))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
-	if err != nil {
+	pb := &peekedBody{rc: resp.Body, done: make(chan struct{})}
+	resp.Body = pb
+	go pb.peek()
+	t := time.NewTimer(conflictPeekWait)
+	defer t.Stop()
+	select {
+	case <-pb.done:
+	case <-t.C:
+		return false // a stalled body: in progress
+	}
+	if pb.err != nil {
 		return false
 	}
+	peek := pb.buf
 	var p struct {
 		Type, Code string
 		Error      json.RawMessage
@@ -186,6 +197,48 @@ func conflictIsKeyReuse(resp *http.Response) bool {
 	}
 	return false
 }
+
+// peekedBody is a 409's body whose first bytes a goroutine reads for
+// conflictIsKeyReuse. Reads wait for that goroutine and return its bytes
+// first, then the rest of the body; Close closes the body, which also ends
+// a peek that stalls.
+type peekedBody struct {
+	rc   io.ReadCloser
+	done chan struct{} // closed when the peek has ended
+	buf  []byte
+	err  error
+	off  int
+}
+
+func (p *peekedBody) peek() {
+	defer close(p.done)
+	p.buf, p.err = io.ReadAll(io.LimitReader(p.rc, conflictPeek))
+}
+
+// stalled reports whether the peek is still waiting for the body.
+func (p *peekedBody) stalled() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *peekedBody) Read(b []byte) (int, error) {
+	<-p.done
+	if p.off < len(p.buf) {
+		n := copy(b, p.buf[p.off:])
+		p.off += n
+		return n, nil
+	}
+	if p.err != nil {
+		return 0, p.err
+	}
+	return p.rc.Read(b)
+}
+
+func (p *peekedBody) Close() error { return p.rc.Close() }
 
 // classifyError returns the verdict for an attempt that ended without a
 // response. sent reports whether the request may have reached the server

@@ -17,11 +17,13 @@ import (
 // For a keyed request (POST and PATCH by default) it:
 //
 //  1. refuses a request that can never be sent (no URL, a scheme other
-//     than http or https, no host, a header value with a line break);
+//     than http or https, no host, a header net/http would refuse to
+//     write, a body whose length is not its ContentLength);
 //  2. chooses the key: WithKey, then WithOperation, then a key already on
-//     the request's header, then the key of a recent call with the same
-//     payload that ended without a definite answer (an SDK's own retry, a
-//     double submit), then a new random UUIDv7;
+//     the request's header, then the key of a recent call in this process
+//     that was the same call (method, URL, body, non-volatile headers,
+//     principal) and ended without a definite answer its caller received
+//     (an SDK's own retry), then a new random UUIDv7;
 //  3. reads the body (at most the body limit) and fingerprints the payload;
 //  4. journals key, fingerprint and the replayable request (credentials
 //     removed) and waits until the journal has made them durable: if the
@@ -85,19 +87,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, err
 	}
+	keyed := t.cfg.keyed[req.Method] && !withoutKey(req.Context())
+	if keyed && !validHeaderName(t.cfg.header) {
+		closeBody(req)
+		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))
+	}
 	if !t.j.calls.begin() {
 		closeBody(req)
 		return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
 	}
-	if !t.cfg.keyed[req.Method] || withoutKey(req.Context()) {
+	if !keyed {
 		defer t.j.calls.done()
 		return t.roundTripUnkeyed(req)
 	}
+	// Until reserve returns an operation, this call is counted here; then
+	// the operation's end uncounts it. A panic on the way uncounts it too.
+	owned := false
+	defer func() {
+		if !owned {
+			t.j.calls.done()
+		}
+	}()
 	o, out, err := t.reserve(req)
 	if err != nil {
-		t.j.calls.done()
 		return nil, err
 	}
+	owned = true
 	return t.attempts(req.Context(), o, out, out.GetBody)
 }
 
@@ -117,7 +132,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	}
 	body, rest, err := readBody(req, t.cfg.maxBody)
 	if err != nil {
-		return nil, nil, &Error{Name: name, Err: fmt.Errorf("idem: reading request body: %w", err)}
+		return nil, nil, &Error{Name: name, Cause: invalidIf(err), Err: fmt.Errorf("idem: reading request body: %w", err)}
 	}
 
 	jurl, redacted := t.cfg.journaledURL(req.URL)
@@ -125,7 +140,11 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	var fp [32]byte
 	if rest != nil {
 		if fp, err = t.largeFingerprint(req, jurl, rest); err != nil {
-			return nil, nil, &Error{Name: name, Cause: ErrBodyTooLarge, Err: err}
+			cause := invalidIf(err)
+			if cause == nil {
+				cause = ErrBodyTooLarge
+			}
+			return nil, nil, &Error{Name: name, Cause: cause, Err: err}
 		}
 		body = nil
 	} else {
@@ -148,7 +167,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	if req.Host != "" && req.Host != req.URL.Host {
 		op.Host = req.Host
 	}
-	o, err := t.j.begin(ctx, op, matched)
+	o, err := t.j.begin(ctx, op, mk, matched)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -160,7 +179,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	out.Header = outgoingHeader(req.Header, t.cfg.header, o.keyValue[:])
 	out.Body = nil
 	if rest != nil {
-		out.GetBody = req.GetBody
+		out.GetBody = someBody(req.GetBody)
 	} else {
 		out.ContentLength = int64(len(body))
 		out.GetBody = bodyFunc(body)
@@ -180,12 +199,17 @@ func (t *Transport) largeFingerprint(req *http.Request, url string, rest io.Read
 	if req.GetBody == nil {
 		return [32]byte{}, fmt.Errorf("body is larger than %d bytes and the request has no GetBody to send it again", t.cfg.maxBody)
 	}
-	b, err := req.GetBody()
+	b, err := someBody(req.GetBody)()
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("GetBody: %w", err)
 	}
 	defer b.Close()
-	return fingerprint.SumReader(req.Method, url, req.Header, b)
+	cr := &countingReader{r: b}
+	fp, err := fingerprint.SumReader(req.Method, url, req.Header, cr)
+	if err == nil && req.ContentLength > 0 && cr.n != req.ContentLength {
+		err = lengthError(cr.n, req.ContentLength)
+	}
+	return fp, err
 }
 
 // attempts runs the attempts of one call: send, classify, wait, send
@@ -193,7 +217,30 @@ func (t *Transport) largeFingerprint(req *http.Request, url string, rest io.Read
 // For a keyed request every attempt takes a fresh body from rewind; a
 // request without a key is sent as it is first, and rewound for a retry
 // (rewind nil: it cannot be sent twice).
-func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Request, rewind func() (io.ReadCloser, error)) (*http.Response, error) {
+//
+// If something panics on the way (a hook, the base RoundTripper), the
+// operation ends before the panic goes on: left in doubt if a request may
+// have reached the server, else failed unsent.
+func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Request, rewind func() (io.ReadCloser, error)) (resp *http.Response, err error) {
+	if o == nil {
+		return t.send(ctx, o, req, rewind)
+	}
+	returned := false
+	defer func() {
+		if !returned {
+			o.stop(ErrNotRetryable, errPanicked)
+		}
+	}()
+	resp, err = t.send(ctx, o, req, rewind)
+	returned = true
+	return resp, err
+}
+
+// errPanicked is why an operation ended when a panic went through it.
+var errPanicked = errors.New("idem: a panic went through the call (a hook or the base RoundTripper)")
+
+// send is attempts without the panic guard.
+func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, rewind func() (io.ReadCloser, error)) (*http.Response, error) {
 	p := t.cfg.policy
 	bo := lazyBackOff{p: p}
 	start := time.Now()
@@ -330,7 +377,7 @@ func (t *Transport) roundTripUnkeyed(req *http.Request) (*http.Response, error) 
 	case req.Body == nil || req.Body == http.NoBody:
 		rewind = func() (io.ReadCloser, error) { return req.Body, nil }
 	case req.GetBody != nil:
-		rewind = req.GetBody
+		rewind = someBody(req.GetBody)
 	}
 	return t.attempts(req.Context(), nil, req, rewind)
 }
