@@ -20,13 +20,13 @@ type Client struct {
 	http *http.Client
 
 	resuming chan struct{} // holds a token while a Resume runs
-	shut     chan struct{} // closed when Shutdown begins
-	// shutCtx is cancelled when Shutdown begins, which stops a Resume.
-	shutCtx    context.Context
-	cancelShut context.CancelFunc
-
-	stop chan struct{} // closed by Close to stop the background resumer
-	done chan struct{} // closed when the background resumer has returned
+	// closing is cancelled, with cause ErrClosed, when Shutdown begins:
+	// the one signal that stops new Resumes, a running Resume and the
+	// background resumer.
+	closing     context.Context
+	stopClosing context.CancelCauseFunc
+	// resumerDone is closed when the background resumer has returned.
+	resumerDone chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -66,13 +66,13 @@ func newClient(store KeyStore, cfg config) *Client {
 		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
 	t := &Transport{cfg: cfg, j: j}
-	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
-	c.shutCtx, c.cancelShut = context.WithCancel(context.Background())
+	c := &Client{t: t, resuming: make(chan struct{}, 1)}
+	c.closing, c.stopClosing = context.WithCancelCause(context.Background())
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}
 	j.anchorClock()
 	j.maybeSweep() // the first sweep runs at once, in the background
 	if cfg.resumeEvery > 0 {
-		c.stop, c.done = make(chan struct{}), make(chan struct{})
+		c.resumerDone = make(chan struct{})
 		go c.resumeLoop()
 	}
 	return c
@@ -132,12 +132,10 @@ func (c *Client) Shutdown(ctx context.Context) error {
 
 func (c *Client) shutdown(ctx context.Context) error {
 	j := c.t.j
-	close(c.shut)
-	c.cancelShut()
+	c.stopClosing(ErrClosed)
 	idle, _ := j.calls.close()
-	if c.stop != nil {
-		close(c.stop)
-		<-c.done
+	if c.resumerDone != nil {
+		<-c.resumerDone
 	}
 	// Each wait looks first whether its thing is done already: with ctx
 	// ended too, a select would pick at random and report what did not

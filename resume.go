@@ -54,7 +54,7 @@ type resumed struct {
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
 	select {
 	case c.resuming <- struct{}{}:
-	case <-c.shut:
+	case <-c.closing.Done():
 		return fmt.Errorf("idem: resume: %w", ErrClosed)
 	case <-ctx.Done():
 		return context.Cause(ctx)
@@ -62,7 +62,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	defer func() { <-c.resuming }()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	defer context.AfterFunc(c.shutCtx, func() { cancel(ErrClosed) })()
+	defer context.AfterFunc(c.closing, func() { cancel(ErrClosed) })()
 	if fn == nil {
 		fn = c.logOutcome
 	}
@@ -305,22 +305,14 @@ func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 // resumeLoop is the background resumer: every interval it resumes the
 // operations that have been pending for at least that long.
 func (c *Client) resumeLoop() {
-	defer close(c.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer close(c.resumerDone)
+	ctx := c.closing
 	every := c.t.cfg.resumeEvery
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
-		case <-c.stop:
+		case <-ctx.Done():
 			return
 		case <-tick.C:
 			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
