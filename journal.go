@@ -102,6 +102,13 @@ func (j *journal) newLease(now time.Time) Lease {
 	return Lease{Owner: j.owner, At: now, Until: now.Add(j.lease)}
 }
 
+// claimPending claims, for Resume, up to n pending operations with keys
+// after after that this process owns or whose lease lapsed, under a new
+// lease.
+func (j *journal) claimPending(ctx context.Context, after string, n int) ([]Operation, error) {
+	return j.store.Claim(ctx, j.newLease(time.Now()), after, n)
+}
+
 // clockSkew is how far in the future a record's creation time may lie
 // before idem takes it for a sign that the clock moved.
 const clockSkew = time.Minute

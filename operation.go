@@ -169,14 +169,22 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 }
 
 // claimed returns the operation for a record Resume claimed, or nil if it
-// is in flight in this process (its caller owns the outcome).
-func (j *journal) claimed(rec Operation) *operation {
+// is not Resume's to send: in flight in this process (its caller owns the
+// outcome), or no longer pending. The claim was read with its page, and a
+// live call may have settled the operation since.
+func (j *journal) claimed(ctx context.Context, rec Operation, hooks hookSet) *operation {
 	ids := flightIDs(rec.Key, rec.Name)
 	if wait, _ := j.flight.acquire(&ids); wait != nil {
 		return nil
 	}
 	j.armRenewal()
-	return &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
+	o := &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
+	if cur, err := j.store.Get(ctx, rec.Key); err != nil || cur.State != StatePending {
+		o.end(func() {})
+		return nil
+	}
+	o.hooks = hooks
+	return o
 }
 
 // unjournaled is a store's error about a key that was never journaled: its
@@ -376,6 +384,51 @@ func (o *operation) stop(cause, err error) error {
 		}
 	})
 	return e
+}
+
+// giveUp ends a claimed operation that Resume does not send and returns
+// the error that says why. An operation given up as StateExpired or
+// StateFailed is finished in the journal so; one given up as StatePending
+// stays as it was, for a fixed hook, a re-drive or the next Resume.
+func (o *operation) giveUp(state State, cause, err error) *Error {
+	rec := &o.rec
+	o.end(func() {
+		if state.Finished() {
+			text := cause.Error()
+			if err != nil {
+				text = err.Error()
+			}
+			if ferr := o.j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text}); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
+		}
+	})
+	if state == StateExpired && o.hooks.any() {
+		o.hooks.expired(o.info(state))
+	}
+	return &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}
+}
+
+// reopen makes the operation pending again after Resume's handler
+// panicked with its outcome, so that the next Resume delivers it once
+// more (the server replays it): it is left in doubt, or, if it had
+// settled already (the handler read the answer before it panicked), its
+// record is acquired again.
+func (o *operation) reopen(status int, why error) error {
+	if !o.leaveInDoubt(status, why) {
+		return nil
+	}
+	_, err := o.j.store.Acquire(context.Background(), o.rec.Key, o.j.newLease(time.Now()), o.rec.Header, o.rec.Body)
+	return err
+}
+
+// settledMeanwhile reports whether the journal holds a definite answer
+// for the operation now: Resume ended it without one (it stays pending for
+// a reason Resume reports), and a live call settled it before the report
+// reached the handler.
+func (o *operation) settledMeanwhile() bool {
+	cur, err := o.j.store.Get(context.Background(), o.rec.Key)
+	return err == nil && (cur.State == StateSucceeded || cur.State == StateFailed)
 }
 
 // deliver hands resp to the caller as the operation's answer. The

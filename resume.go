@@ -93,7 +93,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 			close(results)
 		}()
 		for after := ""; ; {
-			page, err := j.store.Claim(ctx, j.newLease(time.Now()), after, resumePage)
+			page, err := j.claimPending(ctx, after, resumePage)
 			if err != nil && len(page) == 0 {
 				readErr = fmt.Errorf("idem: resume: reading pending operations: %w", err)
 				return
@@ -160,34 +160,13 @@ func unreadableError(op Operation, storeErr error) error {
 // returns its outcome.
 func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	j := c.t.j
-	o := j.claimed(rec)
+	o := j.claimed(ctx, rec, hooksFor(ctx, c.t.cfg.hooks))
 	if o == nil {
-		return resumed{}, false // in flight here; its caller gets the outcome
+		return resumed{}, false // in flight here or settled; its caller has the outcome
 	}
-	// The claim was read with its page: a live call may have settled the
-	// operation since. Only a record still pending is Resume's to send.
-	if cur, err := j.store.Get(ctx, rec.Key); err != nil || cur.State != StatePending {
-		o.end(func() {})
-		return resumed{}, false
-	}
-	o.hooks = hooksFor(ctx, c.t.cfg.hooks)
 	notSent := func(state State, cause, err error) (resumed, bool) {
-		o.end(func() {
-			if state.Finished() {
-				text := cause.Error()
-				if err != nil {
-					text = err.Error()
-				}
-				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text}); ferr != nil {
-					err = errors.Join(err, ferr)
-				}
-			}
-		})
-		if state == StateExpired && o.hooks.any() {
-			o.hooks.expired(o.info(state))
-		}
 		rec.State = state
-		return resumed{op: rec, err: &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}}, true
+		return resumed{op: rec, err: o.giveUp(state, cause, err)}, true
 	}
 	if why := j.tooOld(&rec, time.Now()); why != nil {
 		if why == ErrExpired {
@@ -246,19 +225,15 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		if r.o == nil {
 			return
 		}
-		settled := r.o.leaveInDoubt(statusOf(r.resp), perr)
+		if err := r.o.reopen(statusOf(r.resp), perr); err != nil {
+			perr = errors.Join(perr, err)
+		}
 		if r.resp != nil {
 			r.resp.Body.Close()
 		}
-		if settled { // fn had read the answer before it panicked
-			j := c.t.j
-			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(time.Now()), rec.Header, rec.Body); err != nil {
-				perr = errors.Join(perr, err)
-			}
-		}
 	}()
 	var ie *Error
-	if r.resp == nil && r.o != nil && errors.As(r.err, &ie) && ie.State == StatePending && c.settledMeanwhile(rec.Key) {
+	if r.resp == nil && r.o != nil && errors.As(r.err, &ie) && ie.State == StatePending && r.o.settledMeanwhile() {
 		return nil // a live call settled it after Resume let it go: its caller has the answer
 	}
 	if r.resp != nil {
@@ -279,15 +254,6 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 	}
 	fn(rec, r.resp, r.err)
 	return nil
-}
-
-// settledMeanwhile reports whether the operation with key has a definite
-// answer in the journal now: Resume ended it without one (it stays pending
-// for a reason Resume reports), and a live call settled it before the
-// report reached the handler.
-func (c *Client) settledMeanwhile(key string) bool {
-	cur, err := c.t.j.store.Get(context.Background(), key)
-	return err == nil && (cur.State == StateSucceeded || cur.State == StateFailed)
 }
 
 // logOutcome is the handler of a background Resume without one: it logs
