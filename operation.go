@@ -50,6 +50,32 @@ type operation struct {
 	keyValue   [1]string             // the key header's value
 }
 
+// newOperation is where every operation begins: a caller's call (live),
+// counted from now until it ends so that Close waits for it, or one that
+// Resume claimed. A live call fails with ErrClosed once the Client is
+// closing. The operation holds no record yet: begin (a call) or claimed
+// (Resume) gives it one, and end, however it ends, uncounts it.
+func (j *journal) newOperation(hooks hookSet, live bool) (*operation, error) {
+	if live && !j.calls.begin() {
+		return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
+	}
+	return &operation{j: j, hooks: hooks, live: live}, nil
+}
+
+// hold gives the operation its record, marked in flight under ids, and
+// keeps its lease renewed. prior is the record as it was before this call
+// took it over (a re-drive, or Resume), or nil for one this call created.
+func (o *operation) hold(rec Operation, ids flights, prior *Operation) {
+	o.rec, o.ids = rec, ids
+	if prior != nil {
+		o.resend, o.prior, o.priorCode = true, prior.State, prior.LastStatus
+	}
+	o.j.armRenewal()
+}
+
+// journaled reports whether the operation holds a record.
+func (o *operation) journaled() bool { return o.ids.n > 0 }
+
 // body returns the request body for an attempt: the journaled body, read
 // by a reader the operation holds for the first attempt, or a fresh one
 // from rewind.
@@ -61,24 +87,27 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 	return rewind()
 }
 
-// begin reserves op in the journal, or takes over the record that has its
-// key or name, and marks it in flight in this process. A call of the same
-// key or name in flight here, or under another process's live lease, is
-// waited for until ctx ends. mk is the call's match key (see recentCalls)
-// and matched says that op.Key was taken from the recent call it names.
-func (j *journal) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) (*operation, error) {
+// begin reserves op in the journal for the operation, or takes over the
+// record that has its key or name, and marks it in flight in this process.
+// A call of the same key or name in flight here, or under another
+// process's live lease, is waited for until ctx ends. mk is the call's
+// match key (see recentCalls) and matched says that op.Key was taken from
+// the recent call it names.
+func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) error {
+	j := o.j
+	o.match = mk
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
 		if wait, key := j.flight.acquire(&ids); wait != nil {
 			if err := waitFor(ctx, wait, 0); err != nil {
-				return nil, &Error{Key: key, Name: op.Name, Cause: ErrInProgress, Err: err}
+				return &Error{Key: key, Name: op.Name, Cause: ErrInProgress, Err: err}
 			}
 			continue
 		}
-		o, wait, err := j.reserve(ctx, &op, &ids, mk, matched)
+		wait, err := o.reserve(ctx, &op, &ids, matched)
 		if err == nil {
-			return o, nil
+			return nil
 		}
 		j.flight.release(ids)
 		var ie *Error
@@ -87,22 +116,22 @@ func (j *journal) begin(ctx context.Context, op Operation, mk [32]byte, matched 
 			if werr := waitFor(ctx, wait, 0); werr != nil {
 				errors.As(err, &ie)
 				ie.Err = werr
-				return nil, ie
+				return ie
 			}
 		case errors.Is(err, errMatchSettled):
 			key, kerr := newKey()
 			if kerr != nil {
-				return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: kerr}
+				return &Error{Name: op.Name, Cause: ErrInvalidKey, Err: kerr}
 			}
 			op.Key, matched = key, false
 		case errors.Is(err, ErrInProgress) && errors.As(err, &ie): // leased elsewhere
 			if werr := waitFor(ctx, nil, poll); werr != nil {
 				ie.Err = werr
-				return nil, ie
+				return ie
 			}
 			poll = min(2*poll, time.Second)
 		default:
-			return nil, err
+			return err
 		}
 	}
 }
@@ -122,27 +151,29 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 // a match (settle forgets it), while Resume finishing the operation for
 // its own handler does not, so the caller's resend after a Resume gets the
 // server's stored answer under the same key.
-func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
+func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (<-chan struct{}, error) {
+	j, mk := o.j, o.match
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
-		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
+		return nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
 	}
 	if created {
 		j.flight.setKey(ids, rec.Key)
-		j.armRenewal()
-		return &operation{j: j, rec: rec, ids: *ids, live: true}, nil, nil
+		rec.Header, rec.Body = op.Header, op.Body
+		o.hold(rec, *ids, nil)
+		return nil, nil
 	}
 	if rec.Key != op.Key { // the name already had a key
 		if wait := j.flight.rekey(ids, rec.Key); wait != nil {
-			return nil, wait, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
+			return wait, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, Cause: ErrInProgress}
 		}
 	}
-	fail := func(cause, err error) (*operation, <-chan struct{}, error) {
-		return nil, nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
+	fail := func(cause, err error) (<-chan struct{}, error) {
+		return nil, &Error{Key: rec.Key, Name: rec.Name, State: rec.State, LastStatus: rec.LastStatus, Cause: cause, Err: err}
 	}
 	if matched {
 		if k, ok := j.recent.match(mk); !ok || k != rec.Key {
-			return nil, nil, errMatchSettled
+			return nil, errMatchSettled
 		}
 		if rec.State == StateExpired {
 			return fail(ErrExpired, nil)
@@ -162,10 +193,9 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 	if err != nil {
 		return fail(journalCause(err), err)
 	}
-	j.armRenewal()
-	o := &operation{j: j, rec: got, ids: *ids, live: true, resend: true, prior: rec.State, priorCode: rec.LastStatus}
-	o.rec.Header, o.rec.Body = op.Header, op.Body
-	return o, nil, nil
+	got.Header, got.Body = op.Header, op.Body
+	o.hold(got, *ids, &rec)
+	return nil, nil
 }
 
 // claimed returns the operation for a record Resume claimed, or nil if it
@@ -177,13 +207,12 @@ func (j *journal) claimed(ctx context.Context, rec Operation, hooks hookSet) *op
 	if wait, _ := j.flight.acquire(&ids); wait != nil {
 		return nil
 	}
-	j.armRenewal()
-	o := &operation{j: j, rec: rec, ids: ids, resend: true, prior: StatePending, priorCode: rec.LastStatus}
+	o, _ := j.newOperation(hooks, false) // only a live call can fail
+	o.hold(rec, ids, &rec)
 	if cur, err := j.store.Get(ctx, rec.Key); err != nil || cur.State != StatePending {
-		o.end(func() {})
+		o.end(nil)
 		return nil
 	}
-	o.hooks = hooks
 	return o
 }
 
@@ -277,10 +306,10 @@ func (o *operation) recordAttempt(status int, errText string) {
 	}
 }
 
-// end runs once when the operation ends, however it ends. fn writes the
-// ending to the journal, then calls the hooks; if a hook panics, the
-// operation still leaves flight (and its call is uncounted) before the
-// panic goes on.
+// end runs once when the operation ends, however it ends. fn (nil: none)
+// writes the ending to the journal, then calls the hooks; if a hook
+// panics, the operation still leaves flight (and its call is uncounted)
+// before the panic goes on.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
 		defer func() {
@@ -289,7 +318,9 @@ func (o *operation) end(fn func()) {
 				o.j.calls.done()
 			}
 		}()
-		fn()
+		if fn != nil {
+			fn()
+		}
 	})
 }
 

@@ -92,47 +92,50 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))
 	}
-	if !t.j.calls.begin() {
-		closeBody(req)
-		return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
-	}
 	if !keyed {
+		if !t.j.calls.begin() {
+			closeBody(req)
+			return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
+		}
 		defer t.j.calls.done()
 		return t.roundTripUnkeyed(req)
 	}
-	// Until reserve returns an operation, this call is counted here; then
-	// the operation's end uncounts it. A panic on the way uncounts it too.
-	owned := false
+	o, err := t.j.newOperation(hooksFor(req.Context(), t.cfg.hooks), true)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	// Until the journal holds the operation, an error or a panic ends it
+	// here; then its attempts and its answer end it.
 	defer func() {
-		if !owned {
-			t.j.calls.done()
+		if !o.journaled() {
+			o.end(nil)
 		}
 	}()
-	o, out, err := t.reserve(req)
+	out, err := t.reserve(o, req)
 	if err != nil {
 		return nil, err
 	}
-	owned = true
 	return t.attempts(req.Context(), o, out, out.GetBody)
 }
 
-// reserve journals a keyed request and returns its operation and the
-// request to send: a copy of req with its own header, the key set, and a
-// body that each attempt rewinds.
-func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error) {
+// reserve journals a keyed request for o and returns the request to send:
+// a copy of req with its own header, the key set, and a body that each
+// attempt rewinds.
+func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
-		return nil, nil, err
+		return nil, err
 	}
 	key, name, src, err := t.chooseKey(req)
 	if err != nil {
 		closeBody(req)
-		return nil, nil, &Error{Name: name, Cause: ErrInvalidKey, Err: err}
+		return nil, &Error{Name: name, Cause: ErrInvalidKey, Err: err}
 	}
 	body, rest, err := readBody(req, t.cfg.maxBody)
 	if err != nil {
-		return nil, nil, &Error{Name: name, Cause: invalidIf(err), Err: fmt.Errorf("idem: reading request body: %w", err)}
+		return nil, &Error{Name: name, Cause: invalidIf(err), Err: fmt.Errorf("idem: reading request body: %w", err)}
 	}
 
 	jurl, redacted := t.cfg.journaledURL(req.URL)
@@ -144,7 +147,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 			if cause == nil {
 				cause = ErrBodyTooLarge
 			}
-			return nil, nil, &Error{Name: name, Cause: cause, Err: err}
+			return nil, &Error{Name: name, Cause: cause, Err: err}
 		}
 		body = nil
 	} else {
@@ -167,12 +170,9 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	if req.Host != "" && req.Host != req.URL.Host {
 		op.Host = req.Host
 	}
-	o, err := t.j.begin(ctx, op, mk, matched)
-	if err != nil {
-		return nil, nil, err
+	if err := o.begin(ctx, op, mk, matched); err != nil {
+		return nil, err
 	}
-	o.hooks = hooksFor(ctx, t.cfg.hooks)
-	o.match = mk
 
 	out := req.WithContext(o.traced(ctx))
 	o.keyValue[0] = o.rec.Key
@@ -184,7 +184,7 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 		out.ContentLength = int64(len(body))
 		out.GetBody = bodyFunc(body)
 	}
-	return o, out, nil
+	return out, nil
 }
 
 // largeFingerprint returns the fingerprint of a keyed request whose body
