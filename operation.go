@@ -48,6 +48,10 @@ type operation struct {
 	answer     answerBody            // the body handed to the caller
 	first      bytes.Reader          // the body of the first attempt
 	keyValue   [1]string             // the key header's value
+
+	// rewind returns the body of an attempt after the first; outgoing
+	// sets it with the request it builds.
+	rewind func() (io.ReadCloser, error)
 }
 
 // newOperation is where every operation begins: a caller's call (live),

@@ -188,10 +188,10 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
-	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, []string{rec.Key})
 	if rec.Host != "" {
 		req.Host = rec.Host
 	}
+	req = c.t.outgoing(o, req, rec.Header, nil)
 	if prepare != nil {
 		if err := prepare(req); err != nil {
 			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
@@ -202,9 +202,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 			return notSent(StatePending, ErrInvalidRequest, fmt.Errorf("idem: after the resume prepare hook: %w", err))
 		}
 	}
-	req = req.WithContext(o.traced(req.Context()))
-	req.ContentLength, req.GetBody = int64(len(rec.Body)), bodyFunc(rec.Body)
-	resp, err := c.t.attempts(ctx, o, req, req.GetBody)
+	resp, err := c.t.attempts(ctx, o, req, o.rewind)
 	if o.hooks.any() {
 		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
 	}

@@ -116,7 +116,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.attempts(req.Context(), o, out, out.GetBody)
+	return t.attempts(req.Context(), o, out, o.rewind)
 }
 
 // reserve journals a keyed request for o and returns the request to send:
@@ -173,18 +173,31 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	if err := o.begin(ctx, op, mk, matched); err != nil {
 		return nil, err
 	}
-
-	out := req.WithContext(o.traced(ctx))
-	o.keyValue[0] = o.rec.Key
-	out.Header = outgoingHeader(req.Header, t.cfg.header, o.keyValue[:])
-	out.Body = nil
+	var large func() (io.ReadCloser, error)
 	if rest != nil {
-		out.GetBody = someBody(req.GetBody)
-	} else {
-		out.ContentLength = int64(len(body))
-		out.GetBody = bodyFunc(body)
+		large = someBody(req.GetBody)
 	}
-	return out, nil
+	return t.outgoing(o, req, req.Header, large), nil
+}
+
+// outgoing returns the request that o's attempts send, the one place it is
+// built, for a call as for Resume: a copy of base (its method, URL, Host
+// and context) with the trace that counts the requests written, header h
+// with o's key set under the key header, and o's journaled body, or for a
+// body over the journal's limit, large.
+func (t *Transport) outgoing(o *operation, base *http.Request, h http.Header, large func() (io.ReadCloser, error)) *http.Request {
+	out := base.WithContext(o.traced(base.Context()))
+	o.keyValue[0] = o.rec.Key
+	out.Header = outgoingHeader(h, t.cfg.header, o.keyValue[:])
+	out.Body = nil
+	if large != nil {
+		out.GetBody = large
+	} else {
+		out.ContentLength = int64(len(o.rec.Body))
+		out.GetBody = bodyFunc(o.rec.Body)
+	}
+	o.rewind = out.GetBody
+	return out
 }
 
 // largeFingerprint returns the fingerprint of a keyed request whose body
