@@ -19,10 +19,7 @@ import (
 // when the caller received a response; left in doubt, when the caller got
 // only an error after a request may have gone out; or failed unsent.
 // RoundTrip and Resume both drive it; it calls only the journal below it.
-//
-// The methods the retry loop calls (key, name, takeWrites, attempted,
-// recordAttempt, body, deliver, stop) are safe on a nil *operation, which
-// stands for a request without a key: they then do nothing of their own.
+// It is the caller (see Transport.attempts) of its attempts.
 type operation struct {
 	j   *journal
 	rec Operation // the journaled record; Header and Body are the request
@@ -80,15 +77,15 @@ func (o *operation) hold(rec Operation, ids flights, prior *Operation) {
 // journaled reports whether the operation holds a record.
 func (o *operation) journaled() bool { return o.ids.n > 0 }
 
-// body returns the request body for an attempt: the journaled body, read
+// body returns the request body for attempt n: the journaled body, read
 // by a reader the operation holds for the first attempt, or a fresh one
 // from rewind.
-func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.ReadCloser, error) {
-	if o != nil && attempt == 1 && len(o.rec.Body) > 0 {
+func (o *operation) body(n int) (io.ReadCloser, error) {
+	if n == 1 && len(o.rec.Body) > 0 {
 		o.first.Reset(o.rec.Body)
 		return io.NopCloser(&o.first), nil
 	}
-	return rewind()
+	return o.rewind()
 }
 
 // begin reserves op in the journal for the operation, or takes over the
@@ -247,14 +244,6 @@ func journalCause(err error) error {
 	return ErrJournalWrite
 }
 
-// key returns the operation's key, or "" for a request without one.
-func (o *operation) key() string {
-	if o == nil {
-		return ""
-	}
-	return o.rec.Key
-}
-
 // traced returns ctx with the operation's httptrace.ClientTrace, which
 // counts the requests written.
 func (o *operation) traced(ctx context.Context) context.Context {
@@ -262,43 +251,42 @@ func (o *operation) traced(ctx context.Context) context.Context {
 	return httptrace.WithClientTrace(ctx, &o.trace)
 }
 
-// name returns the operation's name, or "".
-func (o *operation) name() string {
-	if o == nil {
-		return ""
-	}
-	return o.rec.Name
-}
+// names returns the operation's key and name.
+func (o *operation) names() (key, name string) { return o.rec.Key, o.rec.Name }
 
 // countWrite counts one request written.
 func (o *operation) countWrite() { o.wrote.Add(1) }
 
-// takeWrites returns how many requests the last attempt wrote, as
-// httptrace reported them.
-func (o *operation) takeWrites() int {
-	if o == nil {
-		return 0
+// tried counts the requests an attempt wrote, as httptrace reported
+// them, and calls the AttemptDone hook.
+func (o *operation) tried(ctx context.Context, tr *try) {
+	tr.count(int(o.wrote.Swap(0)))
+	o.written += tr.writes
+	o.unrecorded += tr.writes
+	o.mayHave = o.mayHave || tr.sent && tr.writes > 0
+	if o.hooks.any() {
+		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: tr.n,
+			Status: statusOf(tr.resp), Err: tr.err, Reason: tr.reason, Latency: time.Since(tr.began)})
 	}
-	return int(o.wrote.Swap(0))
 }
 
-// attempted counts n requests written by the last attempt; sent says
-// whether it may have reached the server.
-func (o *operation) attempted(n int, sent bool) {
-	if o == nil {
-		return
+// retrying records the failed attempt tr before the wait for the next
+// one, and calls the RetryScheduled hook.
+func (o *operation) retrying(ctx context.Context, tr *try, wait time.Duration, source string) {
+	errText := ""
+	if tr.resp == nil {
+		errText = tr.err.Error()
 	}
-	o.written += n
-	o.unrecorded += n
-	o.mayHave = o.mayHave || sent && n > 0
+	o.recordAttempt(statusOf(tr.resp), errText)
+	if o.hooks.any() {
+		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: tr.n,
+			Delay: wait, Reason: tr.reason, Source: source})
+	}
 }
 
 // recordAttempt records the attempts not yet recorded, with the last
 // outcome; the operation stays pending.
 func (o *operation) recordAttempt(status int, errText string) {
-	if o == nil {
-		return
-	}
 	o.status = status
 	if o.unrecorded == 0 {
 		return
@@ -331,9 +319,6 @@ func (o *operation) end(fn func()) {
 // settle records that the caller received resp's answer: a success, or a
 // final failure (permanent, or transient with no attempts left).
 func (o *operation) settle(v verdict, status int) {
-	if o == nil {
-		return
-	}
 	o.end(func() {
 		state := StateFailed
 		if v == success {
@@ -362,9 +347,6 @@ func (o *operation) settle(v verdict, status int) {
 // operation had ended already it changes nothing and reports whether it
 // was settled.
 func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
-	if o == nil {
-		return false
-	}
 	o.end(func() {
 		text := ""
 		if cause != nil {
@@ -389,15 +371,6 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 // before, the operation is left in doubt; otherwise it ends as failed,
 // unsent (or, reopened for this call, goes back to how it was).
 func (o *operation) stop(cause, err error) error {
-	if o == nil {
-		switch {
-		case err == nil:
-			return cause
-		case cause == nil || errors.Is(err, cause):
-			return err
-		}
-		return fmt.Errorf("%w: %w", cause, err)
-	}
 	e := &Error{Key: o.rec.Key, Name: o.rec.Name, Attempts: o.written, LastStatus: o.status, Cause: cause, Err: err, State: StatePending}
 	why := cause
 	if err != nil {
@@ -475,9 +448,6 @@ func (o *operation) settledMeanwhile() bool {
 // handled, so its outcome is unknown, and the operation stays pending for
 // Resume or a re-drive, never failed.
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
-	if o == nil {
-		return resp
-	}
 	o.status = resp.StatusCode
 	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
 		resp.StatusCode == http.StatusProxyAuthRequired) ||

@@ -202,7 +202,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 			return notSent(StatePending, ErrInvalidRequest, fmt.Errorf("idem: after the resume prepare hook: %w", err))
 		}
 	}
-	resp, err := c.t.attempts(ctx, o, req, o.rewind)
+	resp, err := c.t.attempts(ctx, o, req)
 	if o.hooks.any() {
 		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
 	}

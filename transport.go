@@ -93,11 +93,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))
 	}
 	if !keyed {
-		if !t.j.calls.begin() {
-			closeBody(req)
-			return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
-		}
-		defer t.j.calls.done()
 		return t.roundTripUnkeyed(req)
 	}
 	o, err := t.j.newOperation(hooksFor(req.Context(), t.cfg.hooks), true)
@@ -116,7 +111,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.attempts(req.Context(), o, out, o.rewind)
+	return t.attempts(req.Context(), o, out)
 }
 
 // reserve journals a keyed request for o and returns the request to send:
@@ -225,26 +220,84 @@ func (t *Transport) largeFingerprint(req *http.Request, url string, rest io.Read
 	return fp, err
 }
 
+// caller is what the attempts of one call report to: the journaled
+// operation of a keyed request, or an unkeyed call. Each attempt asks it
+// for a body, tells it what the attempt got, and then either hands it the
+// answer, stops it, or tells it a retry is due.
+type caller interface {
+	// body returns the body for attempt n (from 1), or nil to send the
+	// request's own.
+	body(n int) (io.ReadCloser, error)
+	// tried records what an attempt got: it sets tr.writes, and may make a
+	// transient verdict permanent when the request must not go again.
+	tried(ctx context.Context, tr *try)
+	// retrying records a failed attempt before the wait for the next one.
+	retrying(ctx context.Context, tr *try, wait time.Duration, source string)
+	// deliver hands resp to the caller as the call's answer.
+	deliver(resp *http.Response, v verdict) *http.Response
+	// stop ends a call that has no response for the caller and returns
+	// its error.
+	stop(cause, err error) error
+	// names returns the key and name the log shows for the call.
+	names() (key, name string)
+}
+
+var (
+	_ caller = (*operation)(nil)
+	_ caller = (*unkeyed)(nil)
+)
+
+// try is one attempt of a call: what it got and how it counts.
+type try struct {
+	n      int       // the attempt's number within the call, from 1
+	began  time.Time // when it was sent
+	resp   *http.Response
+	err    error
+	v      verdict
+	reason string
+	sent   bool // a request may have reached the server
+	writes int  // requests it wrote; set by caller.tried
+}
+
+// classify sets the attempt's verdict from its response or error.
+func (tr *try) classify(ctx context.Context) {
+	tr.sent = true
+	if tr.err != nil {
+		tr.v, tr.reason, tr.sent = classifyError(tr.err)
+		if ctx.Err() != nil {
+			tr.v, tr.reason = permanent, "context done"
+		}
+	} else {
+		tr.v, tr.reason = classifyResponse(tr.resp)
+	}
+}
+
+// count sets the requests the attempt wrote: n, as httptrace reported
+// them, or one for a base RoundTripper that does not report writes.
+func (tr *try) count(n int) {
+	if n == 0 && (tr.resp != nil || tr.sent) {
+		n = 1 // a base RoundTripper that does not report writes
+	}
+	tr.writes = n
+	tr.sent = tr.sent || n > 0
+}
+
 // attempts runs the attempts of one call: send, classify, wait, send
-// again. o is the journaled operation, or nil for a request without a key.
-// For a keyed request every attempt takes a fresh body from rewind; a
-// request without a key is sent as it is first, and rewound for a retry
-// (rewind nil: it cannot be sent twice).
+// again. c is the journaled operation, or the unkeyed call. A keyed
+// request is our own copy with a fresh body for every attempt; a request
+// without a key is sent as it is first, and rewound for a retry.
 //
 // If something panics on the way (a hook, the base RoundTripper), the
-// operation ends before the panic goes on: left in doubt if a request may
-// have reached the server, else failed unsent.
-func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Request, rewind func() (io.ReadCloser, error)) (resp *http.Response, err error) {
-	if o == nil {
-		return t.send(ctx, o, req, rewind)
-	}
+// call ends before the panic goes on: an operation is left in doubt if a
+// request may have reached the server, else failed unsent.
+func (t *Transport) attempts(ctx context.Context, c caller, req *http.Request) (resp *http.Response, err error) {
 	returned := false
 	defer func() {
 		if !returned {
-			o.stop(ErrNotRetryable, errPanicked)
+			c.stop(ErrNotRetryable, errPanicked)
 		}
 	}()
-	resp, err = t.send(ctx, o, req, rewind)
+	resp, err = t.send(ctx, c, req)
 	returned = true
 	return resp, err
 }
@@ -253,96 +306,65 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 var errPanicked = errors.New("idem: a panic went through the call (a hook or the base RoundTripper)")
 
 // send is attempts without the panic guard.
-func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, rewind func() (io.ReadCloser, error)) (*http.Response, error) {
+func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*http.Response, error) {
 	p := t.cfg.policy
 	bo := lazyBackOff{p: p}
 	start := time.Now()
 	host := req.URL.Host
-	unsafe := o == nil && !idempotent[req.Method]
+	key, name := c.names()
 	tries := 0
 	t.cfg.budget.deposit(host)
 	for attempt := 1; ; attempt++ {
-		// A keyed request is our own copy: its first attempt sends it;
-		// every later attempt sends a copy with a fresh body.
+		// The first attempt sends req itself (for a keyed request, our
+		// own copy); every later attempt sends a copy with a fresh body.
 		r := req
 		if attempt > 1 {
 			r = new(http.Request)
 			*r = *req
 		}
-		if o != nil || attempt > 1 {
-			b, err := o.body(attempt, rewind)
-			if err != nil {
-				return nil, o.stop(ErrNotRetryable, fmt.Errorf("idem: rewinding the request body: %w", err))
-			}
+		b, err := c.body(attempt)
+		if err != nil {
+			return nil, c.stop(ErrNotRetryable, fmt.Errorf("idem: rewinding the request body: %w", err))
+		}
+		if b != nil {
 			r.Body = b
 		}
-		began := time.Now()
-		resp, err := t.cfg.base.RoundTrip(r)
+		tr := try{n: attempt, began: time.Now()}
+		tr.resp, tr.err = t.cfg.base.RoundTrip(r)
+		tr.classify(ctx)
+		c.tried(ctx, &tr)
+		tries += max(tr.writes, 1)
+		resp := tr.resp
 
-		var (
-			v      verdict
-			reason string
-			sent   = true
-		)
-		if err != nil {
-			v, reason, sent = classifyError(err)
-			if ctx.Err() != nil {
-				v, reason = permanent, "context done"
-			}
-		} else {
-			v, reason = classifyResponse(resp)
-		}
-		n := o.takeWrites()
-		if n == 0 && (resp != nil || sent) {
-			n = 1 // a base RoundTripper that does not report writes
-		}
-		sent = sent || n > 0
-		o.attempted(n, sent)
-		tries += max(n, 1)
-		if v == transient && (unsafe && sent || rewind == nil) {
-			v = permanent // a request without a key may have been performed, or the body is gone
-		}
-		if o != nil && o.hooks.any() {
-			o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
-				Status: statusOf(resp), Err: err, Reason: reason, Latency: time.Since(began)})
-		}
-
-		if v == success || v == permanent {
+		if tr.v == success || tr.v == permanent {
 			if resp != nil {
-				return o.deliver(resp, v), nil
+				return c.deliver(resp, tr.v), nil
 			}
 			cause := ErrNotRetryable
 			if ctx.Err() != nil {
 				cause = context.Cause(ctx)
 			}
-			return nil, o.stop(cause, err)
+			return nil, c.stop(cause, tr.err)
 		}
 
 		wait, source, why := t.nextWait(ctx, &bo, host, tries, start, resp)
 		if why != nil {
 			if resp != nil {
 				t.cfg.logger.Info("idem: giving up, returning last response",
-					"idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt-1, "idem.reason", reason, "idem.stop", why.Error())
-				return o.deliver(resp, transient), nil
+					"idem.key", key, "idem.operation", name, "http.request.resend_count", attempt-1, "idem.reason", tr.reason, "idem.stop", why.Error())
+				return c.deliver(resp, transient), nil
 			}
-			return nil, o.stop(why, err)
+			return nil, c.stop(why, tr.err)
 		}
 
-		errText := ""
 		if resp != nil {
 			discard(resp)
-		} else {
-			errText = err.Error()
 		}
-		o.recordAttempt(statusOf(resp), errText)
-		if o != nil && o.hooks.any() {
-			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
-				Delay: wait, Reason: reason, Source: source})
-		}
-		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt,
-			"idem.reason", reason, "idem.wait", wait, "idem.wait_source", source)
+		c.retrying(ctx, &tr, wait, source)
+		t.cfg.logger.Debug("idem: retrying", "idem.key", key, "idem.operation", name, "http.request.resend_count", attempt,
+			"idem.reason", tr.reason, "idem.wait", wait, "idem.wait_source", source)
 		if err := sleep(ctx, wait); err != nil {
-			return nil, o.stop(err, nil)
+			return nil, c.stop(err, nil)
 		}
 	}
 }
@@ -384,16 +406,60 @@ func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, host string, 
 
 // roundTripUnkeyed sends a request that carries no key: an idempotent
 // method, or a non-idempotent one the caller opted out of keys for.
+// Nothing is journaled; the call is counted only while RoundTrip runs.
 func (t *Transport) roundTripUnkeyed(req *http.Request) (*http.Response, error) {
-	var rewind func() (io.ReadCloser, error)
+	if !t.j.calls.begin() {
+		closeBody(req)
+		return nil, fmt.Errorf("idem: client is closing: %w", ErrClosed)
+	}
+	defer t.j.calls.done()
+	u := &unkeyed{unsafe: !idempotent[req.Method]}
 	switch {
 	case req.Body == nil || req.Body == http.NoBody:
-		rewind = func() (io.ReadCloser, error) { return req.Body, nil }
+		u.rewind = func() (io.ReadCloser, error) { return req.Body, nil }
 	case req.GetBody != nil:
-		rewind = someBody(req.GetBody)
+		u.rewind = someBody(req.GetBody)
 	}
-	return t.attempts(req.Context(), nil, req, rewind)
+	return t.attempts(req.Context(), u, req)
 }
+
+// unkeyed is the caller of a request without a key. It is retried only
+// while that is safe: its body can be rewound, and, for a method that is
+// not idempotent, no request may have reached the server.
+type unkeyed struct {
+	rewind func() (io.ReadCloser, error) // nil: the body cannot be sent twice
+	unsafe bool                          // the method is not idempotent
+}
+
+func (u *unkeyed) body(n int) (io.ReadCloser, error) {
+	if n == 1 {
+		return nil, nil
+	}
+	return u.rewind()
+}
+
+func (u *unkeyed) tried(_ context.Context, tr *try) {
+	tr.count(0)
+	if tr.v == transient && (u.unsafe && tr.sent || u.rewind == nil) {
+		tr.v = permanent // it may have been performed, or the body is gone
+	}
+}
+
+func (u *unkeyed) retrying(context.Context, *try, time.Duration, string) {}
+
+func (u *unkeyed) deliver(resp *http.Response, _ verdict) *http.Response { return resp }
+
+func (u *unkeyed) stop(cause, err error) error {
+	switch {
+	case err == nil:
+		return cause
+	case cause == nil || errors.Is(err, cause):
+		return err
+	}
+	return fmt.Errorf("%w: %w", cause, err)
+}
+
+func (u *unkeyed) names() (key, name string) { return "", "" }
 
 // checkRedirect is the redirect policy of Client.HTTPClient: it does not
 // re-send a keyed request to another URL, and otherwise stops after 10
