@@ -19,7 +19,15 @@ import (
 // when the caller received a response; left in doubt, when the caller got
 // only an error after a request may have gone out; or failed unsent.
 // RoundTrip and Resume both drive it; it calls only the journal below it.
-// It is the caller (see Transport.attempts) of its attempts.
+//
+// Its life, in the order of this file: newOperation makes it (a live
+// call counts from then until end); begin (a call) or claimed (Resume)
+// gives it its record and marks it in flight; Transport.attempts runs its
+// attempts with it as their caller (body, tried, retrying); and it ends
+// once, in end, by settle when the caller received the answer (deliver,
+// answerBody), leaveInDoubt, stop when there is no response for the
+// caller, or giveUp when Resume does not send it. reopen undoes an ending
+// for a Resume handler that panicked.
 type operation struct {
 	j   *journal
 	rec Operation // the journaled record; Header and Body are the request
@@ -76,17 +84,6 @@ func (o *operation) hold(rec Operation, ids flights, prior *Operation) {
 
 // journaled reports whether the operation holds a record.
 func (o *operation) journaled() bool { return o.ids.n > 0 }
-
-// body returns the request body for attempt n: the journaled body, read
-// by a reader the operation holds for the first attempt, or a fresh one
-// from rewind.
-func (o *operation) body(n int) (io.ReadCloser, error) {
-	if n == 1 && len(o.rec.Body) > 0 {
-		o.first.Reset(o.rec.Body)
-		return io.NopCloser(&o.first), nil
-	}
-	return o.rewind()
-}
 
 // begin reserves op in the journal for the operation, or takes over the
 // record that has its key or name, and marks it in flight in this process.
@@ -256,6 +253,17 @@ func (o *operation) names() (key, name string) { return o.rec.Key, o.rec.Name }
 
 // countWrite counts one request written.
 func (o *operation) countWrite() { o.wrote.Add(1) }
+
+// body returns the request body for attempt n: the journaled body, read
+// by a reader the operation holds for the first attempt, or a fresh one
+// from o.rewind.
+func (o *operation) body(n int) (io.ReadCloser, error) {
+	if n == 1 && len(o.rec.Body) > 0 {
+		o.first.Reset(o.rec.Body)
+		return io.NopCloser(&o.first), nil
+	}
+	return o.rewind()
+}
 
 // tried counts the requests an attempt wrote, as httptrace reported
 // them, and calls the AttemptDone hook.
@@ -460,6 +468,20 @@ func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	o.answer = answerBody{rc: resp.Body, o: o, v: v, doubt: doubt}
 	resp.Body = &o.answer
 	return resp
+}
+
+// answered returns the state the answer resp, delivered, leaves the
+// operation in once its caller has read it: pending when it leaves it in
+// doubt (a 401, 403 or 407 to a resend, a 409 "in progress"), else
+// succeeded or failed.
+func (o *operation) answered(resp *http.Response) State {
+	switch {
+	case o.doubtful:
+		return StatePending
+	case resp.StatusCode < 400:
+		return StateSucceeded
+	}
+	return StateFailed
 }
 
 // received ends the operation once its answer reached the caller.

@@ -47,7 +47,7 @@ type resumed struct {
 	op   Operation
 	resp *http.Response
 	err  error
-	o    *operation // nil when nothing was sent
+	o    *operation // nil when nothing was sent; set with every resp
 }
 
 // resume is Resume for operations last updated at least minAge ago.
@@ -236,17 +236,7 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 	}
 	if r.resp != nil {
 		rec.LastStatus = r.resp.StatusCode
-		switch {
-		case r.o != nil && r.o.doubtful: // a 401/403/407 or a 409 "in progress"
-			rec.State = StatePending
-		case r.resp.StatusCode < 400:
-			rec.State = StateSucceeded
-		case r.resp.StatusCode == http.StatusUnauthorized || r.resp.StatusCode == http.StatusForbidden ||
-			r.resp.StatusCode == http.StatusProxyAuthRequired:
-			rec.State = StatePending
-		default:
-			rec.State = StateFailed
-		}
+		rec.State = r.o.answered(r.resp)
 	} else if errors.As(r.err, &ie) {
 		rec.State = ie.State
 	}
