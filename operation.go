@@ -267,7 +267,7 @@ func (o *operation) body(n int) (io.ReadCloser, error) {
 
 // tried counts the requests an attempt wrote, as httptrace reported
 // them, and calls the AttemptDone hook.
-func (o *operation) tried(ctx context.Context, tr *try) {
+func (o *operation) tried(ctx context.Context, tr try) try {
 	tr.count(int(o.wrote.Swap(0)))
 	o.written += tr.writes
 	o.unrecorded += tr.writes
@@ -276,11 +276,12 @@ func (o *operation) tried(ctx context.Context, tr *try) {
 		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: tr.n,
 			Status: statusOf(tr.resp), Err: tr.err, Reason: tr.reason, Latency: time.Since(tr.began)})
 	}
+	return tr
 }
 
 // retrying records the failed attempt tr before the wait for the next
 // one, and calls the RetryScheduled hook.
-func (o *operation) retrying(ctx context.Context, tr *try, wait time.Duration, source string) {
+func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, source string) {
 	errText := ""
 	if tr.resp == nil {
 		errText = tr.err.Error()

@@ -228,11 +228,13 @@ type caller interface {
 	// body returns the body for attempt n (from 1), or nil to send the
 	// request's own.
 	body(n int) (io.ReadCloser, error)
-	// tried records what an attempt got: it sets tr.writes, and may make a
-	// transient verdict permanent when the request must not go again.
-	tried(ctx context.Context, tr *try)
+	// tried records what an attempt got and returns it counted: with its
+	// writes set, and a transient verdict made permanent when the request
+	// must not go again. (A try goes by value, so that it stays on the
+	// stack.)
+	tried(ctx context.Context, tr try) try
 	// retrying records a failed attempt before the wait for the next one.
-	retrying(ctx context.Context, tr *try, wait time.Duration, source string)
+	retrying(ctx context.Context, tr try, wait time.Duration, source string)
 	// deliver hands resp to the caller as the call's answer.
 	deliver(resp *http.Response, v verdict) *http.Response
 	// stop ends a call that has no response for the caller and returns
@@ -256,7 +258,7 @@ type try struct {
 	v      verdict
 	reason string
 	sent   bool // a request may have reached the server
-	writes int  // requests it wrote; set by caller.tried
+	writes int  // requests it wrote; counted by caller.tried
 }
 
 // classify sets the attempt's verdict from its response or error.
@@ -332,7 +334,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		tr := try{n: attempt, began: time.Now()}
 		tr.resp, tr.err = t.cfg.base.RoundTrip(r)
 		tr.classify(ctx)
-		c.tried(ctx, &tr)
+		tr = c.tried(ctx, tr)
 		tries += max(tr.writes, 1)
 		resp := tr.resp
 
@@ -360,7 +362,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		if resp != nil {
 			discard(resp)
 		}
-		c.retrying(ctx, &tr, wait, source)
+		c.retrying(ctx, tr, wait, source)
 		t.cfg.logger.Debug("idem: retrying", "idem.key", key, "idem.operation", name, "http.request.resend_count", attempt,
 			"idem.reason", tr.reason, "idem.wait", wait, "idem.wait_source", source)
 		if err := sleep(ctx, wait); err != nil {
@@ -438,14 +440,15 @@ func (u *unkeyed) body(n int) (io.ReadCloser, error) {
 	return u.rewind()
 }
 
-func (u *unkeyed) tried(_ context.Context, tr *try) {
+func (u *unkeyed) tried(_ context.Context, tr try) try {
 	tr.count(0)
 	if tr.v == transient && (u.unsafe && tr.sent || u.rewind == nil) {
 		tr.v = permanent // it may have been performed, or the body is gone
 	}
+	return tr
 }
 
-func (u *unkeyed) retrying(context.Context, *try, time.Duration, string) {}
+func (u *unkeyed) retrying(context.Context, try, time.Duration, string) {}
 
 func (u *unkeyed) deliver(resp *http.Response, _ verdict) *http.Response { return resp }
 
