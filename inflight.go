@@ -135,7 +135,9 @@ func (f *inflight) runningSince(t time.Time) (keys []string, busy bool) {
 }
 
 // calls counts the live calls of a Transport, so that Close can wait for
-// them, and refuses new ones once closing began.
+// them, and refuses new ones once closing began. A keyed call is counted
+// by newOperation until its operation ends; an unkeyed one by
+// roundTripUnkeyed while it runs.
 type calls struct {
 	mu      sync.Mutex
 	n       int

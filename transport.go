@@ -77,7 +77,11 @@ var _ http.RoundTripper = (*Transport)(nil)
 // errNoJournal is returned by a zero Transport.
 var errNoJournal = fmt.Errorf("%w: a zero idem.Transport has no journal; use Client.Transport", ErrClosed)
 
-// RoundTrip implements http.RoundTripper.
+// RoundTrip implements http.RoundTripper. A keyed request becomes an
+// operation (operation.go): reserve chooses its key, reads its body and
+// journals it, outgoing builds the request to send, and attempts sends it
+// until it has an answer or an error. A request without a key takes the
+// short path, roundTripUnkeyed, through the same attempts.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.j == nil {
 		closeBody(req)
