@@ -230,7 +230,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 				v, reason = permanent, "context done"
 			}
 		} else {
-			v, reason = classifyResponse(resp)
+			v, reason = t.cfg.classify(resp)
 		}
 		n := o.takeWrites()
 		if n == 0 && (resp != nil || sent) {
