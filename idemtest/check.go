@@ -399,7 +399,7 @@ func diff(a, b []byte) string {
 		i++
 	}
 	snip := func(s []byte) string {
-		from, to := max(i-12, 0), min(i+20, len(s))
+		from, to := max(i-16, 0), min(i+16, len(s))
 		if from >= to {
 			return `""`
 		}

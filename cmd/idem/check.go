@@ -54,7 +54,9 @@ api.stripe.com: check the key is sk_test_ before giving the flag.
 Flags:
   -X METHOD               request method (default POST)
   -H 'Name: value'        request header, repeatable (credentials, Content-Type)
-  -d BODY                 request body; @FILE reads it from FILE
+  -d BODY                 request body; @FILE reads it from FILE. Without a
+                          Content-Type header, one is sent: application/json
+                          for a body starting with { or [, else a form
   --other-body BODY       the other payload (default: BODY with fresh UUIDs,
                           if it has {{uuid}})
   --key-header NAME       the key's header (default Idempotency-Key)
@@ -167,6 +169,9 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if cfg.OtherBody, err = readBodyFlag(*other); err != nil {
 		return usage(err.Error())
 	}
+	if cfg.Header.Get("Content-Type") == "" && cfg.Body != "" {
+		cfg.Header.Set("Content-Type", bodyType(cfg.Body))
+	}
 	if *provider != "" {
 		p, ok := checkProviders[strings.ToLower(*provider)]
 		if !ok {
@@ -209,6 +214,15 @@ func readBodyFlag(v string) (string, error) {
 		return "", fmt.Errorf("reading body: %w", err)
 	}
 	return string(b), nil
+}
+
+// bodyType is the Content-Type for a body given without one: JSON for a
+// body that starts like JSON, else a form, as curl -d sends.
+func bodyType(b string) string {
+	if t := strings.TrimSpace(b); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
+		return "application/json"
+	}
+	return "application/x-www-form-urlencoded"
 }
 
 // printCheck prints the report as a table and a summary line.

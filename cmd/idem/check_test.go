@@ -194,3 +194,9 @@ func TestLooksLikeSandbox(t *testing.T) {
 		assert.Equal(t, want, looksLikeSandbox(p), u)
 	}
 }
+
+func TestBodyType(t *testing.T) {
+	assert.Equal(t, "application/json", bodyType(` {"amount":1}`))
+	assert.Equal(t, "application/json", bodyType(`[1]`))
+	assert.Equal(t, "application/x-www-form-urlencoded", bodyType(`amount=1&currency=eur`))
+}
