@@ -339,15 +339,17 @@ func (a answer) same(b answer) bool {
 	return a.err == nil && b.err == nil && a.status == b.status && bytes.Equal(a.body, b.body)
 }
 
-// retryWait is how long to wait before asking again after a, bounded to
-// 2 seconds.
+// retryWait is how long to wait before asking again after a: the
+// server's Retry-After, but at least try × 250ms (a server may say 0 while
+// it still runs the request), and at most 2 seconds.
 func retryWait(a answer, try int) time.Duration {
+	d := time.Duration(try) * 250 * time.Millisecond
 	if a.err == nil {
 		if s, err := strconv.Atoi(strings.TrimSpace(a.header.Get("Retry-After"))); err == nil && s >= 0 {
-			return min(time.Duration(s)*time.Second, 2*time.Second)
+			d = max(d, time.Duration(s)*time.Second)
 		}
 	}
-	return min(time.Duration(try)*250*time.Millisecond, 2*time.Second)
+	return min(d, 2*time.Second)
 }
 
 // sendSettled sends o until an answer is not busy nor a 5xx nor missing,

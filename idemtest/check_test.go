@@ -209,6 +209,7 @@ func TestCheckSendsFreshUUIDsPerOperation(t *testing.T) {
 		Header:    http.Header{"Authorization": {"secret"}},
 	})
 	assert.True(t, rep.Conforms)
+	srv.Close() // every handler has run
 	mu.Lock()
 	defer mu.Unlock()
 	two := 0
@@ -220,7 +221,10 @@ func TestCheckSendsFreshUUIDsPerOperation(t *testing.T) {
 		assert.LessOrEqual(t, len(bodies), 2)
 	}
 	assert.Equal(t, 1, two, "only the other-payload scenario sends a key with a second body")
-	assert.Equal(t, int(n.Load()), rep.Requests, "the report counts what was sent")
+	// The cut request may have reached the server after Check returned,
+	// or never been read by it.
+	assert.InDelta(t, rep.Requests, int(n.Load()), 1, "the report counts what was sent")
+	assert.LessOrEqual(t, int(n.Load()), rep.Requests)
 }
 
 func TestCheckRefusesBadConfig(t *testing.T) {
