@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -84,7 +85,8 @@ type Provider struct {
 
 // Profiles of providers, as their public documentation described them when
 // Checked. Providers change their rules: check Source before relying on a
-// limit, and copy a profile to adjust it.
+// limit. To adjust one, copy it (p := idem.PayPal; p.Retention = 72 *
+// time.Hour) rather than change the package's value.
 var (
 	// Stripe is Stripe's API v1: Idempotency-Key, up to 255 characters,
 	// keys pruned once they are at least 24 hours old, results stored
@@ -217,6 +219,10 @@ var (
 // A later WithHeader still changes the header. The zero Provider changes
 // nothing.
 func WithProvider(p Provider) Option {
+	// The profile's slices are copied: a change to the package's profile
+	// after this call does not reach the Client.
+	p.RetryHints, p.InProgressCodes = slices.Clone(p.RetryHints), slices.Clone(p.InProgressCodes)
+	p.KeyReusedCodes, p.ReplayHeaders = slices.Clone(p.KeyReusedCodes), slices.Clone(p.ReplayHeaders)
 	return func(c *config) {
 		c.provider = &p
 		if p.Header != "" {
@@ -247,7 +253,7 @@ func (p Provider) Window() time.Duration {
 }
 
 // maxLen returns the longest key p accepts.
-func (p *Provider) maxLen() int {
+func (p Provider) maxLen() int {
 	if p.KeyMaxLen <= 0 || p.KeyMaxLen > maxKeyLen {
 		return maxKeyLen
 	}
@@ -313,7 +319,7 @@ func (p Provider) Replayed(resp *http.Response) bool {
 	return false
 }
 
-func (p *Provider) name() string {
+func (p Provider) name() string {
 	if p.Name == "" {
 		return "the provider"
 	}
