@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 	"github.com/idemgo/idem/idemtest"
 )
@@ -141,6 +143,32 @@ func TestCheckCommand(t *testing.T) {
 		})
 	}
 
+	t.Run("provider", func(t *testing.T) {
+		var (
+			mu   sync.Mutex
+			keys []string
+		)
+		inner := idemtest.NewServer(&charges{}, idemtest.WithKeyHeader(idem.AmazonPay.Header))
+		defer inner.Close()
+		rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			keys = append(keys, r.Header.Get(idem.AmazonPay.Header))
+			mu.Unlock()
+			httputil.NewSingleHostReverseProxy(mustURL(t, inner.URL)).ServeHTTP(w, r)
+		}))
+		defer rec.Close()
+		code, _, _ := runBin(t, bin, "check", "--provider", "amazonpay", "-d", body, rec.URL+"/v2/charges")
+		assert.Equal(t, 0, code)
+		rec.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotEmpty(t, keys)
+		for _, k := range keys {
+			assert.NoError(t, idem.AmazonPay.CheckKey(k))
+			assert.Regexp(t, `^[0-9a-f]{32}$`, k)
+		}
+	})
+
 	t.Run("usage", func(t *testing.T) {
 		code, out, _ := runBin(t, bin, "check", "--help")
 		assert.Equal(t, 0, code)
@@ -172,6 +200,13 @@ func TestCheckCommand(t *testing.T) {
 		assert.Equal(t, 1, code, "runs, and a server that answers nothing useful does not conform")
 		assert.NotZero(t, hits.Load())
 	})
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
 }
 
 func TestLooksLikeSandbox(t *testing.T) {
