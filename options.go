@@ -40,6 +40,7 @@ type config struct {
 	budget        *retryBudget
 	owner         string
 	lease         time.Duration
+	provider      *Provider // set by WithProvider
 }
 
 // Defaults of the options.
@@ -108,6 +109,7 @@ func newConfig(opts []Option) config {
 		host, _ := os.Hostname()
 		c.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
 	}
+	c.applyProvider() // after every option: the provider's retention bounds the window
 	// A name or key must outlive the window in which it may be sent again.
 	c.retention = max(c.retention, c.resendWindow+time.Hour)
 	return c

@@ -277,7 +277,7 @@ func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, r
 				v, reason = permanent, "context done"
 			}
 		} else {
-			v, reason = classifyResponse(resp)
+			v, reason = t.cfg.classify(resp)
 		}
 		n := o.takeWrites()
 		if n == 0 && (resp != nil || sent) {

@@ -71,6 +71,7 @@ Commands:
   verify             check the file page by page and read every pending
                      operation; exits 1 on damage
   stats              counts, oldest pending operation, file size
+  check URL          does an API honour keys? (no journal; idem check -h)
 
 Flags:
   --journal PATH     the journal file (default $IDEM_JOURNAL)
@@ -131,6 +132,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "check" { // needs no journal: see check.go
+		return checkCmd(ctx, args[1:], stdout, stderr)
+	}
 	c := &cli{ctx: ctx, out: stdout, err: stderr, now: time.Now()}
 	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
