@@ -66,6 +66,7 @@ var (
 	bucketExpiry  = []byte("expiry") // expires (8 bytes, big endian) + id -> nil
 	metaFormatKey = []byte("format")
 	metaFormat    = []byte("idemserver-bolt-2") // records in internal/codec's server format
+	metaFormatV1  = []byte("idemserver-bolt-1") // records of an earlier release, without checksums
 )
 
 // OpenBoltStore opens the store in the file at path, creating it (mode
@@ -155,7 +156,15 @@ func (s *BoltStore) init() error {
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(bucketMeta); m != nil {
-			if f := m.Get(metaFormatKey); !bytes.Equal(f, metaFormat) {
+			switch f := m.Get(metaFormatKey); {
+			case bytes.Equal(f, metaFormat):
+			case bytes.Equal(f, metaFormatV1):
+				// Records without checksums: an earlier release's store of
+				// stored answers, which a client's retry within the
+				// retention would still find. Refused, not read.
+				return fmt.Errorf("%w: store format %q of an earlier idemserver, without checksums: "+
+					"wait until its retention has passed, then delete the file or open another path", ErrStoreCorrupt, f)
+			default:
 				return fmt.Errorf("%w: store format %q, want %q", ErrStoreCorrupt, f, metaFormat)
 			}
 		} else {
