@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -57,6 +58,9 @@ type OperationInfo struct {
 	// Resend reports that requests under the key may have been sent before
 	// this call: a re-drive, or Resume.
 	Resend bool
+	// Earlier counts the requests written under the key before this call,
+	// as the journal counted them (0 for a new operation).
+	Earlier int
 }
 
 // AttemptInfo describes one attempt.
@@ -64,7 +68,12 @@ type AttemptInfo struct {
 	OperationInfo
 	// Context is the request's context, for example to parent a span.
 	Context context.Context
-	// Attempt is the attempt's number within the call, from 1.
+	// Attempt is the request's number within the call, from 1. Every
+	// request written counts, including one net/http wrote again on its
+	// own after a reused connection closed (then Err is set and Reason is
+	// "connection closed" for the lost one), so AttemptDone is called once
+	// per request on the wire; an attempt that wrote nothing (the
+	// connection failed) is reported once too.
 	Attempt int
 	// Status is the response's status, or 0 when none came.
 	Status int
@@ -113,7 +122,37 @@ func hooksFor(ctx context.Context, client *Hooks) hookSet {
 // info returns the operation's OperationInfo in state.
 func (o *operation) info(state State) OperationInfo {
 	r := &o.rec
-	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend}
+	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts}
+}
+
+// errResentByTransport is AttemptInfo.Err for a request net/http wrote
+// again on its own: the reused connection closed before any response came,
+// and a request with an Idempotency-Key header is one net/http replays.
+var errResentByTransport = errors.New("idem: the connection closed before a response came; net/http wrote the request again")
+
+// attemptsDone calls AttemptDone once per request the last attempt wrote
+// (n; 0 when nothing was written, which still reports the attempt once).
+// Every request but the last was lost with its connection and written
+// again by net/http; each is reported as lasting until the next write.
+func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, status int, err error, reason string) {
+	o.replayMu.Lock()
+	replays := o.replayAt
+	o.replayAt = o.replayAt[:0]
+	o.replayMu.Unlock()
+	start := began
+	for i := 0; i < n-1; i++ {
+		at := start
+		if i < len(replays) {
+			at = replays[i]
+		}
+		o.reported++
+		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+			Err: errResentByTransport, Reason: "connection closed", Latency: at.Sub(start)})
+		start = at
+	}
+	o.reported++
+	o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+		Status: status, Err: err, Reason: reason, Latency: time.Since(start)})
 }
 
 func (hs hookSet) attemptDone(a AttemptInfo) {

@@ -33,10 +33,13 @@ type operation struct {
 	ids        flights
 	live       bool
 	wrote      atomic.Int32 // requests written, counted by httptrace
-	written    int          // requests written by this call
-	unrecorded int          // of those, not yet recorded with Attempt
-	mayHave    bool         // a request of this call may have reached the server
-	status     int          // status of the last response, or 0
+	replayMu   sync.Mutex
+	replayAt   []time.Time // when net/http wrote the last attempt's request again
+	reported   int         // AttemptDone events of this call
+	written    int         // requests written by this call
+	unrecorded int         // of those, not yet recorded with Attempt
+	mayHave    bool        // a request of this call may have reached the server
+	status     int         // status of the last response, or 0
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
@@ -210,8 +213,15 @@ func (o *operation) name() string {
 	return o.rec.Name
 }
 
-// countWrite counts one request written.
-func (o *operation) countWrite() { o.wrote.Add(1) }
+// countWrite counts one request written, and notes the time of every one
+// after an attempt's first: net/http's silent replays.
+func (o *operation) countWrite() {
+	if o.wrote.Add(1) > 1 {
+		o.replayMu.Lock()
+		o.replayAt = append(o.replayAt, time.Now())
+		o.replayMu.Unlock()
+	}
+}
 
 // takeWrites returns how many requests the last attempt wrote, as
 // httptrace reported them.

@@ -243,8 +243,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 			v = permanent // a request without a key may have been performed, or the body is gone
 		}
 		if o != nil && o.hooks.any() {
-			o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
-				Status: statusOf(resp), Err: err, Reason: reason, Latency: time.Since(began)})
+			o.attemptsDone(ctx, n, began, statusOf(resp), err, reason)
 		}
 
 		if v == success || v == permanent {
@@ -276,7 +275,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 		}
 		o.recordAttempt(statusOf(resp), errText)
 		if o != nil && o.hooks.any() {
-			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
+			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 				Delay: wait, Reason: reason, Source: source})
 		}
 		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt,

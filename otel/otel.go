@@ -50,6 +50,12 @@ const (
 	KeyLease     = attribute.Key("idem.lease")
 )
 
+// Metric names of idem's own instruments, beside the semantic
+// conventions' http.client.request.duration.
+const (
+	MetricAttempts = "idem.attempts"
+)
+
 // Journal is what the pending gauges read. Every idem.KeyStore is one.
 type Journal interface {
 	Pending(ctx context.Context, after string, limit int) ([]idem.Operation, error)
@@ -121,7 +127,7 @@ func New(journal Journal, opts ...Option) (*Instrumentation, error) {
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
 	var err error
-	in.attempts, err = m.Int64Counter("idem.attempts", metric.WithUnit("{attempt}"),
+	in.attempts, err = m.Int64Counter(MetricAttempts, metric.WithUnit("{attempt}"),
 		metric.WithDescription("Requests written under an idempotency key, by how idem classified their outcome."))
 	add(err)
 	in.duration, err = m.Float64Histogram("http.client.request.duration", metric.WithUnit("s"),
@@ -306,10 +312,7 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if a.Name != "" {
 			attrs = append(attrs, KeyOperation.String(a.Name))
 		}
-		if resends := a.Attempt - 1; resends > 0 || a.Resend {
-			if a.Resend {
-				resends++ // a re-drive or Resume: the key was sent before
-			}
+		if resends := a.Earlier + a.Attempt - 1; resends > 0 {
 			attrs = append(attrs, semconv.HTTPRequestResendCount(resends))
 		}
 		if a.Status != 0 {
