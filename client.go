@@ -41,11 +41,7 @@ type Client struct {
 func Open(path string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	bo := &BoltOptions{Logger: cfg.logger}
-	if h := cfg.hooks; h != nil && h.JournalCommit != nil {
-		bo.OnCommit = func(n int, d time.Duration, err error) {
-			h.JournalCommit(JournalCommitInfo{Changes: n, Latency: d, Err: err})
-		}
-	}
+	bo.OnCommit = cfg.hooks.commitHook()
 	store, err := OpenBoltStore(path, bo)
 	if err != nil {
 		return nil, err

@@ -9,7 +9,10 @@ import (
 // Hooks are callbacks for what idem does, in the style of
 // net/http/httptrace.ClientTrace: every field is optional and a nil one
 // costs nothing. Set them for a Client with WithHooks, or for the requests
-// of one context with WithRequestHooks; both are called when both are set.
+// of one context with WithRequestHooks. Like httptrace's ClientTrace, hooks
+// compose: every WithHooks adds to the Client's hooks, every
+// WithRequestHooks adds to those already in the context, and an event
+// calls them all, the Client's first, each in the order it was added.
 // Hooks are called synchronously on the goroutine doing the work (the
 // caller's, Resume's, or the journal's writer for JournalCommit): keep
 // them quick, and do not call back into the Client from them.
@@ -19,7 +22,10 @@ type Hooks struct {
 	// RetryScheduled is called before the wait for the next attempt.
 	RetryScheduled func(RetryInfo)
 	// Settled is called when the caller received an operation's answer
-	// (its body read to the end or closed): it will not be sent again.
+	// (its body read to the end or closed) and the journal accepted its
+	// finish mark: Resume will not send it again. (A re-drive by the same
+	// name or key sends it again, and gets the server's stored answer.)
+	// If the finish mark failed, JournalError is called instead.
 	Settled func(op OperationInfo)
 	// InDoubt is called when an operation ends without an answer for the
 	// caller after a request may have reached the server: it stays pending
@@ -36,6 +42,28 @@ type Hooks struct {
 	// BoltOptions.OnCommit): how many changes it carried, how long it took
 	// with its fsyncs, and its error. Only the Client's hooks get it.
 	JournalCommit func(JournalCommitInfo)
+	// JournalError is called when a journal write for an operation failed:
+	// its reservation (then nothing was sent and the caller gets the
+	// error), the record of an attempt, its finish mark (then Settled is
+	// not called: the journal still holds the operation as pending, and
+	// Resume may send it again), or its lease. idem also logs each at
+	// Error.
+	JournalError func(JournalErrorInfo)
+}
+
+// JournalErrorInfo describes a journal write that failed.
+type JournalErrorInfo struct {
+	// OperationInfo is the operation the write was for. A reservation that
+	// failed has no key yet unless the operation was journaled before.
+	OperationInfo
+	// Context is the request's context, or Background for writes made
+	// after the call returned.
+	Context context.Context
+	// Write names the write: WriteReserve, WriteAttempt, WriteFinish or
+	// WriteLease.
+	Write string
+	// Err is the store's error.
+	Err error
 }
 
 // JournalCommitInfo describes one commit of the journal.
@@ -106,17 +134,147 @@ type RetryInfo struct {
 type hooksContext struct{}
 
 // WithRequestHooks returns a context whose requests call h's hooks, besides
-// the Client's.
+// the Client's and those of any WithRequestHooks already in ctx. As with
+// httptrace.WithClientTrace, hooks compose: a second registration adds to
+// the first, never replaces it. The Client's hooks are called first, then
+// the context's in the order they were added.
 func WithRequestHooks(ctx context.Context, h *Hooks) context.Context {
-	return context.WithValue(ctx, hooksContext{}, h)
+	if h == nil {
+		return ctx
+	}
+	old, _ := ctx.Value(hooksContext{}).(hookList)
+	return context.WithValue(ctx, hooksContext{}, append(old[:len(old):len(old)], h))
 }
 
-// hookSet is the hooks of one call: the Client's and the context's.
-type hookSet [2]*Hooks
+// hookList is hooks in the order they were added.
+type hookList []*Hooks
 
-func hooksFor(ctx context.Context, client *Hooks) hookSet {
-	h, _ := ctx.Value(hooksContext{}).(*Hooks)
+// hookSet is the hooks of one call: the Client's and the context's.
+type hookSet struct{ client, req hookList }
+
+func hooksFor(ctx context.Context, client hookList) hookSet {
+	h, _ := ctx.Value(hooksContext{}).(hookList)
 	return hookSet{client, h}
+}
+
+// each calls fn with every hook of the set, the Client's first.
+func (hs hookSet) each(fn func(*Hooks)) {
+	for _, h := range hs.client {
+		fn(h)
+	}
+	for _, h := range hs.req {
+		fn(h)
+	}
+}
+
+// any reports whether a hook is set at all, so callers can skip building
+// event values.
+func (hs hookSet) any() bool { return len(hs.client) > 0 || len(hs.req) > 0 }
+
+func (hs hookSet) attemptDone(a AttemptInfo) {
+	hs.each(func(h *Hooks) {
+		if h.AttemptDone != nil {
+			h.AttemptDone(a)
+		}
+	})
+}
+
+func (hs hookSet) retryScheduled(r RetryInfo) {
+	hs.each(func(h *Hooks) {
+		if h.RetryScheduled != nil {
+			h.RetryScheduled(r)
+		}
+	})
+}
+
+func (hs hookSet) settled(op OperationInfo) {
+	hs.each(func(h *Hooks) {
+		if h.Settled != nil {
+			h.Settled(op)
+		}
+	})
+}
+
+func (hs hookSet) inDoubt(op OperationInfo, err error) {
+	hs.each(func(h *Hooks) {
+		if h.InDoubt != nil {
+			h.InDoubt(op, err)
+		}
+	})
+}
+
+func (hs hookSet) resumed(op OperationInfo, status int, err error) {
+	hs.each(func(h *Hooks) {
+		if h.Resumed != nil {
+			h.Resumed(op, status, err)
+		}
+	})
+}
+
+func (hs hookSet) expired(op OperationInfo) {
+	hs.each(func(h *Hooks) {
+		if h.Expired != nil {
+			h.Expired(op)
+		}
+	})
+}
+
+func (hs hookSet) journalError(e JournalErrorInfo) {
+	hs.each(func(h *Hooks) {
+		if h.JournalError != nil {
+			h.JournalError(e)
+		}
+	})
+}
+
+// commitHook returns a BoltOptions.OnCommit that calls the JournalCommit
+// hooks of l, or nil if none is set.
+func (l hookList) commitHook() func(int, time.Duration, error) {
+	var fns []func(JournalCommitInfo)
+	for _, h := range l {
+		if h.JournalCommit != nil {
+			fns = append(fns, h.JournalCommit)
+		}
+	}
+	if len(fns) == 0 {
+		return nil
+	}
+	return func(n int, d time.Duration, err error) {
+		info := JournalCommitInfo{Changes: n, Latency: d, Err: err}
+		for _, fn := range fns {
+			fn(info)
+		}
+	}
+}
+
+// Journal writes named in JournalErrorInfo.Write.
+const (
+	// WriteReserve is the write before the first request: the
+	// reservation of a new operation, or the reopening of a journaled one.
+	// When it fails nothing is sent.
+	WriteReserve = "reserve"
+	// WriteAttempt records the requests of an attempt that will be retried.
+	WriteAttempt = "attempt"
+	// WriteFinish is the finish mark of an operation that ended.
+	WriteFinish = "finish"
+	// WriteLease releases or renews an operation's lease.
+	WriteLease = "lease"
+)
+
+// journalFailed reports a journal write that failed: one Error line in
+// the log and the JournalError hooks.
+func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInfo, write string, err error) {
+	j.log.Error("idem: journal write failed", "idem.key", op.Key, "idem.operation", op.Name,
+		"idem.journal.write", write, "error", err)
+	if hs.any() {
+		hs.journalError(JournalErrorInfo{OperationInfo: op, Context: ctx, Write: write, Err: err})
+	}
+}
+
+// journalFault reports whether err, from a reservation, says the journal
+// could not be read or written (rather than, say, a key in use).
+func journalFault(err error) bool {
+	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion)
 }
 
 // info returns the operation's OperationInfo in state.
@@ -155,54 +313,13 @@ func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, st
 		Status: status, Err: err, Reason: reason, Latency: time.Since(start)})
 }
 
-func (hs hookSet) attemptDone(a AttemptInfo) {
-	for _, h := range hs {
-		if h != nil && h.AttemptDone != nil {
-			h.AttemptDone(a)
-		}
+// reserveFailed reports a reservation that failed in the journal, with
+// the key the error carries (the journal's, if it had one).
+func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, err error) {
+	info := OperationInfo{Name: op.Name, Method: op.Method, URL: op.URL, State: StatePending}
+	var ie *Error
+	if errors.As(err, &ie) {
+		info.Key = ie.Key
 	}
+	j.journalFailed(ctx, hs, info, WriteReserve, err)
 }
-
-func (hs hookSet) retryScheduled(r RetryInfo) {
-	for _, h := range hs {
-		if h != nil && h.RetryScheduled != nil {
-			h.RetryScheduled(r)
-		}
-	}
-}
-
-func (hs hookSet) settled(op OperationInfo) {
-	for _, h := range hs {
-		if h != nil && h.Settled != nil {
-			h.Settled(op)
-		}
-	}
-}
-
-func (hs hookSet) inDoubt(op OperationInfo, err error) {
-	for _, h := range hs {
-		if h != nil && h.InDoubt != nil {
-			h.InDoubt(op, err)
-		}
-	}
-}
-
-func (hs hookSet) resumed(op OperationInfo, status int, err error) {
-	for _, h := range hs {
-		if h != nil && h.Resumed != nil {
-			h.Resumed(op, status, err)
-		}
-	}
-}
-
-func (hs hookSet) expired(op OperationInfo) {
-	for _, h := range hs {
-		if h != nil && h.Expired != nil {
-			h.Expired(op)
-		}
-	}
-}
-
-// any reports whether a hook is set at all, so callers can skip building
-// event values.
-func (hs hookSet) any() bool { return hs[0] != nil || hs[1] != nil }

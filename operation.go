@@ -256,7 +256,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
-		o.j.log.Warn("idem: recording attempt", "idem.key", o.rec.Key, "err", err)
+		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
 	}
 }
 
@@ -285,15 +285,15 @@ func (o *operation) settle(v verdict, status int) {
 		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
+			// The journal still holds the operation as pending: no Settled.
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
+		} else if o.hooks.any() {
+			o.hooks.settled(o.info(state))
 		}
 		if v == transient {
 			o.j.recent.add(o.match, o.rec.Key)
 		} else {
 			o.j.recent.forget(o.match, o.rec.Key)
-		}
-		if o.hooks.any() {
-			o.hooks.settled(o.info(state))
 		}
 	})
 	o.j.maybeSweep()
@@ -316,7 +316,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		o.recordAttempt(status, text)
 		now := time.Now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
-			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
 		}
 		o.j.recent.add(o.match, o.rec.Key)
 		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
@@ -358,7 +358,7 @@ func (o *operation) stop(cause, err error) error {
 	}
 	o.end(func() {
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing unsent operation", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})
 	return e

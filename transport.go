@@ -150,6 +150,9 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	}
 	o, err := t.j.begin(ctx, op, matched)
 	if err != nil {
+		if journalFault(err) {
+			t.j.reserveFailed(ctx, hooksFor(ctx, t.cfg.hooks), &op, err)
+		}
 		return nil, nil, err
 	}
 	o.hooks = hooksFor(ctx, t.cfg.hooks)
