@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -113,6 +115,9 @@ type AttemptInfo struct {
 	// Latency is how long the attempt took until its response headers or
 	// its error.
 	Latency time.Duration
+	// Protocol is the HTTP version of the response, "1.1" or "2" (as
+	// OpenTelemetry's network.protocol.version), or "" when none came.
+	Protocol string
 }
 
 // RetryInfo describes a scheduled retry.
@@ -292,7 +297,7 @@ var errResentByTransport = errors.New("idem: the connection closed before a resp
 // (n; 0 when nothing was written, which still reports the attempt once).
 // Every request but the last was lost with its connection and written
 // again by net/http; each is reported as lasting until the next write.
-func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, status int, err error, reason string) {
+func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, resp *http.Response, err error, reason string) {
 	o.replayMu.Lock()
 	replays := o.replayAt
 	o.replayAt = o.replayAt[:0]
@@ -309,8 +314,13 @@ func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, st
 		start = at
 	}
 	o.reported++
-	o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
-		Status: status, Err: err, Reason: reason, Latency: time.Since(start)})
+	a := AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+		Err: err, Reason: reason, Latency: time.Since(start)}
+	if resp != nil {
+		a.Status = resp.StatusCode
+		a.Protocol = protocolVersion(resp)
+	}
+	o.hooks.attemptDone(a)
 }
 
 // reserveFailed reports a reservation that failed in the journal, with
@@ -322,4 +332,19 @@ func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, 
 		info.Key = ie.Key
 	}
 	j.journalFailed(ctx, hs, info, WriteReserve, err)
+}
+
+// protocolVersion returns resp's HTTP version as "1.1", "2" or "3".
+func protocolVersion(resp *http.Response) string {
+	switch {
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 1:
+		return "1.1"
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 0:
+		return "1.0"
+	case resp.ProtoMajor >= 2 && resp.ProtoMinor == 0:
+		return strconv.Itoa(resp.ProtoMajor)
+	case resp.ProtoMajor == 0:
+		return ""
+	}
+	return strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor)
 }

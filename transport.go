@@ -246,7 +246,7 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 			v = permanent // a request without a key may have been performed, or the body is gone
 		}
 		if o != nil && o.hooks.any() {
-			o.attemptsDone(ctx, n, began, statusOf(resp), err, reason)
+			o.attemptsDone(ctx, n, began, resp, err, reason)
 		}
 
 		if v == success || v == permanent {
