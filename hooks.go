@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -270,7 +271,7 @@ const (
 // the log and the JournalError hooks.
 func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInfo, write string, err error) {
 	j.log.Error("idem: journal write failed", "idem.key", op.Key, "idem.operation", op.Name,
-		"idem.journal.write", write, "error", err)
+		"idem.journal.write", write, "exception.message", err)
 	if hs.any() {
 		hs.journalError(JournalErrorInfo{OperationInfo: op, Context: ctx, Write: write, Err: err})
 	}
@@ -347,4 +348,41 @@ func protocolVersion(resp *http.Response) string {
 		return ""
 	}
 	return strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor)
+}
+
+// Log attributes follow one style: OpenTelemetry's names where they have
+// one (http.response.status_code, http.request.resend_count,
+// exception.message for an error's text), idem.* otherwise, and durations
+// as milliseconds with the unit in the name (durationMS), since a JSON
+// handler prints a time.Duration as bare nanoseconds.
+
+// durationMS returns d as the attribute key, in milliseconds.
+func durationMS(key string, d time.Duration) slog.Attr {
+	return slog.Float64(key, float64(d)/float64(time.Millisecond))
+}
+
+// resends returns the http.request.resend_count of the next request of a
+// call that has made tries attempts: every request under the key so far,
+// this call's and earlier ones.
+func (o *operation) resends(tries int) int {
+	if o == nil {
+		return tries
+	}
+	return o.rec.Attempts + o.written
+}
+
+// logResumed writes the Debug line of an operation Resume took: sent (the
+// status it got, or err), or not sent (err says why).
+func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
+	if !j.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	attrs := []any{"idem.key", rec.Key, "idem.operation", rec.Name, "idem.sent", sent}
+	if status != 0 {
+		attrs = append(attrs, "http.response.status_code", status)
+	}
+	if err != nil {
+		attrs = append(attrs, "exception.message", err)
+	}
+	j.log.Debug("idem: resume took operation", attrs...)
 }

@@ -251,6 +251,10 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 
 		if v == success || v == permanent {
 			if resp != nil {
+				if tries > 1 {
+					t.cfg.logger.Info("idem: answered after retries", "idem.key", o.key(), "idem.operation", o.name(),
+						"http.response.status_code", resp.StatusCode, "idem.attempts", tries, durationMS("idem.elapsed_ms", time.Since(start)))
+				}
 				return o.deliver(resp, v), nil
 			}
 			cause := ErrNotRetryable
@@ -263,8 +267,8 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 		wait, source, why := t.nextWait(ctx, &bo, host, tries, start, resp)
 		if why != nil {
 			if resp != nil {
-				t.cfg.logger.Info("idem: giving up, returning last response",
-					"idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt-1, "idem.reason", reason, "idem.stop", why.Error())
+				t.cfg.logger.Info("idem: giving up, returning last response", "idem.key", o.key(), "idem.operation", o.name(),
+					"http.response.status_code", resp.StatusCode, "idem.attempts", tries, "idem.reason", reason, "idem.stop", why.Error())
 				return o.deliver(resp, transient), nil
 			}
 			return nil, o.stop(why, err)
@@ -281,8 +285,8 @@ func (t *Transport) attempts(ctx context.Context, o *operation, req *http.Reques
 			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 				Delay: wait, Reason: reason, Source: source})
 		}
-		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt,
-			"idem.reason", reason, "idem.wait", wait, "idem.wait_source", source)
+		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", o.resends(tries),
+			"idem.reason", reason, durationMS("idem.retry.delay_ms", wait), "idem.retry.delay_source", source)
 		if err := sleep(ctx, wait); err != nil {
 			return nil, o.stop(err, nil)
 		}
