@@ -289,10 +289,11 @@ func (o *operation) info(state State) OperationInfo {
 	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts}
 }
 
-// errResentByTransport is AttemptInfo.Err for a request net/http wrote
-// again on its own: the reused connection closed before any response came,
-// and a request with an Idempotency-Key header is one net/http replays.
-var errResentByTransport = errors.New("idem: the connection closed before a response came; net/http wrote the request again")
+// ErrTransportResent is AttemptInfo.Err for a request that net/http wrote
+// again on its own, within one attempt: the reused connection closed before
+// any response came, and a request with an Idempotency-Key header is one
+// net/http replays. The request written after it has the attempt's outcome.
+var ErrTransportResent = errors.New("idem: the connection closed before a response came; net/http wrote the request again")
 
 // attemptsDone calls AttemptDone once per request the last attempt wrote
 // (n; 0 when nothing was written, which still reports the attempt once).
@@ -311,7 +312,7 @@ func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, re
 		}
 		o.reported++
 		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
-			Err: errResentByTransport, Reason: "connection closed", Latency: at.Sub(start)})
+			Err: ErrTransportResent, Reason: "connection closed", Latency: at.Sub(start)})
 		start = at
 	}
 	o.reported++
