@@ -225,3 +225,11 @@ func TestJournalErrorHook(t *testing.T) {
 		})
 	}
 }
+
+func TestNewNilStorePanicsWithAReason(t *testing.T) {
+	var bolt *idem.BoltStore // what an unchecked OpenBoltStore error leaves
+	for _, store := range []idem.KeyStore{nil, bolt} {
+		assert.PanicsWithValue(t, fmt.Sprintf("idem.New: the KeyStore is nil (%T): check the error of the call that opened it (OpenBoltStore, pgstore.Open, ...) before calling New", store),
+			func() { idem.New(store) })
+	}
+}
