@@ -74,7 +74,6 @@ var defaultImports = [][2]string{
 	{"time", "time.Second"}, {"github.com/idemgo/idem", "idem.New"},
 }
 
-
 // source returns the Go file a block builds as.
 func source(b block) string {
 	if isFile(b.code) {
