@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -41,11 +42,7 @@ type Client struct {
 func Open(path string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	bo := &BoltOptions{Logger: cfg.logger}
-	if h := cfg.hooks; h != nil && h.JournalCommit != nil {
-		bo.OnCommit = func(n int, d time.Duration, err error) {
-			h.JournalCommit(JournalCommitInfo{Changes: n, Latency: d, Err: err})
-		}
-	}
+	bo.OnCommit = cfg.hooks.commitHook()
 	store, err := OpenBoltStore(path, bo)
 	if err != nil {
 		return nil, err
@@ -54,9 +51,20 @@ func Open(path string, opts ...Option) (*Client, error) {
 }
 
 // New returns a Client that journals to store. The Client owns store from
-// now on: Close closes it.
+// now on: Close closes it. New panics if store is nil (or a nil pointer),
+// which is what a store constructor's error left unchecked gives: check
+// the error of OpenBoltStore, pgstore.Open and the like first.
 func New(store KeyStore, opts ...Option) *Client {
+	if store == nil || isNilPointer(store) {
+		panic(fmt.Sprintf("idem.New: the KeyStore is nil (%T): check the error of the call that opened it (OpenBoltStore, pgstore.Open, ...) before calling New", store))
+	}
 	return newClient(store, newConfig(opts))
+}
+
+// isNilPointer reports whether v is a nil pointer in a non-nil interface.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 func newClient(store KeyStore, cfg config) *Client {

@@ -90,9 +90,9 @@ func (j *journal) maybeSweep() {
 		switch {
 		case errors.Is(err, ErrClosed):
 		case err != nil:
-			j.log.Warn("idem: sweeping finished operations", "err", err)
+			j.log.Warn("idem: sweeping finished operations", "exception.message", err)
 		default:
-			j.log.Debug("idem: swept finished operations", "count", n)
+			j.log.Debug("idem: swept finished operations", "idem.swept", n)
 		}
 	}()
 }
@@ -156,7 +156,7 @@ func (j *journal) renewLeases() {
 	for _, key := range keys {
 		err := j.store.Renew(context.Background(), key, j.newLease(now))
 		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
-			j.log.Warn("idem: renewing operation lease", "idem.key", key, "err", err)
+			j.log.Warn("idem: renewing operation lease", "idem.key", key, "exception.message", err)
 		}
 	}
 	if busy {

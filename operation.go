@@ -35,10 +35,13 @@ type operation struct {
 	ids        flights
 	live       bool
 	wrote      atomic.Int32 // requests written, counted by httptrace
-	written    int          // requests written by this call
-	unrecorded int          // of those, not yet recorded with Attempt
-	mayHave    bool         // a request of this call may have reached the server
-	status     int          // status of the last response, or 0
+	replayMu   sync.Mutex
+	replayAt   []time.Time // when net/http wrote the last attempt's request again
+	reported   int         // AttemptDone events of this call
+	written    int         // requests written by this call
+	unrecorded int         // of those, not yet recorded with Attempt
+	mayHave    bool        // a request of this call may have reached the server
+	status     int         // status of the last response, or 0
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
@@ -229,8 +232,15 @@ func (o *operation) name() string {
 	return o.rec.Name
 }
 
-// countWrite counts one request written.
-func (o *operation) countWrite() { o.wrote.Add(1) }
+// countWrite counts one request written, and notes the time of every one
+// after an attempt's first: net/http's silent replays.
+func (o *operation) countWrite() {
+	if o.wrote.Add(1) > 1 {
+		o.replayMu.Lock()
+		o.replayAt = append(o.replayAt, time.Now())
+		o.replayMu.Unlock()
+	}
+}
 
 // takeWrites returns how many requests the last attempt wrote, as
 // httptrace reported them.
@@ -265,7 +275,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
-		o.j.log.Warn("idem: recording attempt", "idem.key", o.rec.Key, "err", err)
+		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
 	}
 }
 
@@ -299,15 +309,15 @@ func (o *operation) settle(v verdict, status int) {
 		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
+			// The journal still holds the operation as pending: no Settled.
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
+		} else if o.hooks.any() {
+			o.hooks.settled(o.info(state))
 		}
 		if v == transient {
 			o.j.recent.add(o.match, o.rec.Key)
 		} else {
 			o.j.recent.forget(o.match, o.rec.Key)
-		}
-		if o.hooks.any() {
-			o.hooks.settled(o.info(state))
 		}
 	})
 	o.j.maybeSweep()
@@ -330,10 +340,10 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		o.recordAttempt(status, text)
 		now := time.Now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
-			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
 		}
 		o.j.recent.add(o.match, o.rec.Key)
-		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
+		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", text)
 		if o.hooks.any() {
 			o.hooks.inDoubt(o.info(StatePending), cause)
 		}
@@ -372,7 +382,7 @@ func (o *operation) stop(cause, err error) error {
 	}
 	o.end(func() {
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing unsent operation", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})
 	return e

@@ -18,7 +18,7 @@ type Option func(*config)
 // config is what Options set. newConfig fills in the defaults.
 type config struct {
 	logger        *slog.Logger
-	hooks         *Hooks
+	hooks         hookList
 	base          http.RoundTripper
 	policy        RetryPolicy
 	header        string
@@ -118,11 +118,21 @@ func newConfig(opts []Option) config {
 // WithLogger sets the logger for what idem cannot return to a caller:
 // retries at Debug, operations left in doubt at Warn, journal failures at
 // Error. Nil, the default, is silent. idem never logs an error that it
-// also returns.
+// also returns, with one exception: a journal write that failed is logged
+// even when its caller gets the error too, because it concerns the
+// operator of the journal more than the caller.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithHooks sets callbacks for every operation of the Client.
-func WithHooks(h *Hooks) Option { return func(c *config) { c.hooks = h } }
+// WithHooks adds callbacks for every operation of the Client. Each
+// WithHooks adds to the hooks of those before it (see Hooks); nil adds
+// nothing.
+func WithHooks(h *Hooks) Option {
+	return func(c *config) {
+		if h != nil {
+			c.hooks = append(c.hooks, h)
+		}
+	}
+}
 
 // WithBaseTransport sets the RoundTripper that sends each attempt. The
 // default is http.DefaultTransport.

@@ -186,6 +186,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 		if state == StateExpired && o.hooks.any() {
 			o.hooks.expired(o.info(state))
 		}
+		j.logResumed(&rec, false, 0, cause)
 		rec.State = state
 		return resumed{op: rec, err: &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}}, true
 	}
@@ -229,6 +230,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if o.hooks.any() {
 		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
 	}
+	j.logResumed(&rec, true, statusOf(resp), err)
 	return resumed{op: rec, resp: resp, err: err, o: o}, true
 }
 
@@ -299,7 +301,7 @@ func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 		log.Info("idem: resumed operation", "idem.key", op.Key, "idem.operation", op.Name, "http.response.status_code", resp.StatusCode)
 		return
 	}
-	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "err", err)
+	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", err)
 }
 
 // resumeLoop is the background resumer: every interval it resumes the
@@ -324,7 +326,7 @@ func (c *Client) resumeLoop() {
 			return
 		case <-tick.C:
 			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
-				c.t.cfg.logger.Warn("idem: background resume", "err", err)
+				c.t.cfg.logger.Warn("idem: background resume", "exception.message", err)
 			}
 		}
 	}

@@ -169,6 +169,9 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 	}
 	o, err := t.j.begin(ctx, op, mk, matched)
 	if err != nil {
+		if journalFault(err) {
+			t.j.reserveFailed(ctx, hooksFor(ctx, t.cfg.hooks), &op, err)
+		}
 		return nil, nil, err
 	}
 	o.hooks = hooksFor(ctx, t.cfg.hooks)
@@ -290,12 +293,15 @@ func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, r
 			v = permanent // a request without a key may have been performed, or the body is gone
 		}
 		if o != nil && o.hooks.any() {
-			o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
-				Status: statusOf(resp), Err: err, Reason: reason, Latency: time.Since(began)})
+			o.attemptsDone(ctx, n, began, resp, err, reason)
 		}
 
 		if v == success || v == permanent {
 			if resp != nil {
+				if tries > 1 {
+					t.cfg.logger.Info("idem: answered after retries", "idem.key", o.key(), "idem.operation", o.name(),
+						"http.response.status_code", resp.StatusCode, "idem.attempts", tries, durationMS("idem.elapsed_ms", time.Since(start)))
+				}
 				return o.deliver(resp, v), nil
 			}
 			cause := ErrNotRetryable
@@ -308,8 +314,8 @@ func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, r
 		wait, source, why := t.nextWait(ctx, &bo, host, tries, start, resp)
 		if why != nil {
 			if resp != nil {
-				t.cfg.logger.Info("idem: giving up, returning last response",
-					"idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt-1, "idem.reason", reason, "idem.stop", why.Error())
+				t.cfg.logger.Info("idem: giving up, returning last response", "idem.key", o.key(), "idem.operation", o.name(),
+					"http.response.status_code", resp.StatusCode, "idem.attempts", tries, "idem.reason", reason, "idem.stop", why.Error())
 				return o.deliver(resp, transient), nil
 			}
 			return nil, o.stop(why, err)
@@ -323,11 +329,11 @@ func (t *Transport) send(ctx context.Context, o *operation, req *http.Request, r
 		}
 		o.recordAttempt(statusOf(resp), errText)
 		if o != nil && o.hooks.any() {
-			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: attempt,
+			o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 				Delay: wait, Reason: reason, Source: source})
 		}
-		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", attempt,
-			"idem.reason", reason, "idem.wait", wait, "idem.wait_source", source)
+		t.cfg.logger.Debug("idem: retrying", "idem.key", o.key(), "idem.operation", o.name(), "http.request.resend_count", o.resends(tries),
+			"idem.reason", reason, durationMS("idem.retry.delay_ms", wait), "idem.retry.delay_source", source)
 		if err := sleep(ctx, wait); err != nil {
 			return nil, o.stop(err, nil)
 		}

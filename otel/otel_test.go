@@ -128,7 +128,7 @@ func TestSpanPerAttempt(t *testing.T) {
 		assert.False(t, s.Parent().IsValid(), "client-wide hooks have no context")
 		a := attrs(s.Attributes())
 		assert.Equal(t, "POST", a["http.request.method"].AsString())
-		assert.Equal(t, p.URL+"/flaky", a["url.full"].AsString(), "no query")
+		assert.Equal(t, p.URL+"/flaky?ref=abc", a["url.full"].AsString(), "query kept")
 		assert.Equal(t, "127.0.0.1", a["server.address"].AsString())
 		assert.Equal(t, "pay:1", a["idem.operation"].AsString())
 		assert.NotEmpty(t, a["idem.key"].AsString())
@@ -155,7 +155,7 @@ func TestErrorSpans(t *testing.T) {
 	require.Len(t, spans, 2)
 	for _, s := range spans {
 		a := attrs(s.Attributes())
-		assert.Equal(t, "connection closed", a["error.type"].AsString())
+		assert.Equal(t, "connection_closed", a["error.type"].AsString())
 		assert.NotContains(t, a, attribute.Key("http.response.status_code"))
 		assert.Equal(t, codes.Error, s.Status().Code)
 	}
@@ -241,9 +241,9 @@ func TestMetrics(t *testing.T) {
 	m := r.metrics(t)
 	assert.Equal(t, map[string]int64{"503": 1, "201": 1, "connection closed": 2}, sums(t, m["idem.attempts"], "idem.reason"))
 	assert.Equal(t, map[string]int64{"503": 1, "connection closed": 1}, sums(t, m["idem.retries"], "idem.reason"))
-	assert.Equal(t, map[string]int64{"succeeded": 1}, sums(t, m["idem.operations.settled"], "idem.state"))
-	assert.Equal(t, map[string]int64{"": 1}, sums(t, m["idem.operations.in_doubt"], ""))
-	assert.NotContains(t, m, "idem.operations.resumed", "nothing resumed yet")
+	assert.Equal(t, map[string]int64{"succeeded": 1}, sums(t, m[idemotel.MetricSettled], "idem.state"))
+	assert.Equal(t, map[string]int64{"": 1}, sums(t, m[idemotel.MetricLeftInDoubt], ""))
+	assert.NotContains(t, m, idemotel.MetricResumed, "nothing resumed yet")
 
 	hist, ok := m["http.client.request.duration"].(metricdata.Histogram[float64])
 	require.True(t, ok)
@@ -273,7 +273,7 @@ func TestMetrics(t *testing.T) {
 		resp.Body.Close()
 	}))
 	m = r.metrics(t)
-	assert.Equal(t, map[string]int64{"": 1}, sums(t, m["idem.operations.resumed"], ""))
+	assert.Equal(t, map[string]int64{"": 1}, sums(t, m[idemotel.MetricResumed], ""))
 	pending = m["idem.operation.pending"].(metricdata.Gauge[int64])
 	for _, dp := range pending.DataPoints {
 		assert.Zero(t, dp.Value)

@@ -285,6 +285,21 @@ type Report struct {
 	Journal    string
 }
 
+// faultRates are the provider's faults, as shares of the requests it gets.
+var faultRates = idemtest.FaultRates{
+	DropBefore:      0.05,
+	DropAfter:       0.08, // charged, response lost
+	Delay:           0.03, // answered late, not a failure
+	Unavailable:     0.06,
+	TooManyRequests: 0.05,
+	InProgress:      0.03,
+}
+
+// failureRate is the share of requests that fail (a delay is no failure).
+func failureRate(r idemtest.FaultRates) float64 {
+	return r.DropBefore + r.DropAfter + r.Unavailable + r.TooManyRequests + r.InProgress
+}
+
 // provider is the payment provider: an idemtest server whose handler
 // charges a card once per run and keeps a ledger. Once hold is set, a
 // charge is performed and then held unanswered until release is closed.
@@ -323,16 +338,10 @@ func newProvider() *provider {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"ch_%016x","order":%d,"status":"succeeded"}`, rand.Uint64(), c.Order)
 	})
+	rates := faultRates
+	rates.Seed = rand.Uint64()
 	p.Server = idemtest.NewServer(h,
-		idemtest.WithFaultRates(idemtest.FaultRates{
-			Seed:            rand.Uint64(),
-			DropBefore:      0.05,
-			DropAfter:       0.08, // charged, response lost
-			Delay:           0.03,
-			Unavailable:     0.06,
-			TooManyRequests: 0.05,
-			InProgress:      0.03,
-		}),
+		idemtest.WithFaultRates(rates),
 		idemtest.WithRetryAfter(0),
 		idemtest.WithFaultDelay(50*time.Millisecond))
 	return p
@@ -385,7 +394,8 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 
 	p := newProvider()
 	defer p.close()
-	fmt.Fprintf(w, "A shop pays %d orders; the provider faults about 30%% of attempts.\n", orders)
+	fmt.Fprintf(w, "A shop pays %d orders; the provider fails about %.0f%% of requests (drops, lost answers, 503, 429, 409) and delays %.0f%%.\n",
+		orders, 100*failureRate(faultRates), 100*faultRates.Delay)
 	fmt.Fprintf(w, "Journal: %s\n\n", rep.Journal)
 
 	paid := make(map[int]bool)
@@ -417,7 +427,15 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 				f := strings.Fields(line)
 				switch {
 				case len(f) == 2 && f[0] == "todo":
-					fmt.Fprintf(w, "  the journal says %d orders are paid, %s to go\n", orders-atoi(f[1]), f[1])
+					journaled := orders - atoi(f[1])
+					fmt.Fprintf(w, "  the journal says %d orders are paid, %s to go\n", journaled, f[1])
+					switch counted := len(paid); {
+					case journaled < counted:
+						fmt.Fprintf(w, "  (the shop said %d: the finish marks of the last %d answers ride the journal's next commit, which the kill cut off; Resume sends them again with their keys and the provider replays its answers)\n",
+							counted, counted-journaled)
+					case journaled > counted:
+						fmt.Fprintf(w, "  (the shop said %d: it received %d more answers before it died, and did not say so)\n", counted, journaled-counted)
+					}
 				case len(f) == 4 && f[0] == "resumed":
 					rep.Resumed++
 					how := "charged now"
@@ -474,7 +492,7 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 		ws, ok := exit.Sys().(syscall.WaitStatus)
 		rep.Killed = ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 	}
-	fmt.Fprintf(w, "  shop exited: %v\n\n", werr)
+	fmt.Fprintf(w, "  shop exited: %v, with %d orders paid as far as it said\n\n", werr, len(paid))
 	p.hold.Store(false)
 	close(p.release)
 
@@ -518,7 +536,6 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 func (r Report) write(w io.Writer) {
 	fmt.Fprintln(w, "\nReport")
 	fmt.Fprintf(w, "  orders      %d, %d charged\n", r.Orders, r.Paid)
-	fmt.Fprintf(w, "  attempts    %d (%.2f per order)\n", r.Attempts, float64(r.Attempts)/float64(r.Orders))
 	retries, why := r.Conflicts, []string(nil)
 	for _, f := range []struct {
 		fault idemtest.Fault
@@ -536,8 +553,18 @@ func (r Report) write(w io.Writer) {
 	if r.Conflicts > 0 {
 		why = append(why, fmt.Sprintf("%d × 409 while the key was being charged", r.Conflicts))
 	}
+	// Every request the provider got either failed (a fault or a real 409:
+	// tried again with its key) or was answered: once per order, plus the
+	// answers the crash kept from the shop (held at the kill, or received
+	// but not yet marked in the journal), which Resume asked for again.
+	answered := r.Attempts - retries
+	sum := fmt.Sprintf("%d failed and tried again + %d answered", retries, answered)
+	if extra := answered - r.Orders; extra > 0 {
+		sum += fmt.Sprintf(" (%d orders, and %d answers the crash kept from the shop, asked for again by Resume)", r.Orders, extra)
+	}
+	fmt.Fprintf(w, "  requests    %d (%.2f per order) = %s\n", r.Attempts, float64(r.Attempts)/float64(r.Orders), sum)
 	fmt.Fprintf(w, "  retries     %d, after %s,\n              %s\n", retries, strings.Join(why[:2], ", "), strings.Join(why[2:], ", "))
-	fmt.Fprintf(w, "  slow        %d answers delayed, waited out\n", r.Faults[idemtest.Delay])
+	fmt.Fprintf(w, "  slow        %d answer(s) delayed, waited out (not failures)\n", r.Faults[idemtest.Delay])
 	fmt.Fprintf(w, "  replays     %d (the provider answered a key it had already charged from its store)\n", r.Replays)
 	fmt.Fprintf(w, "  crash       %s\n", map[bool]string{true: "the shop was SIGKILLed mid-payment and restarted", false: "the shop was not killed"}[r.Killed])
 	fmt.Fprintf(w, "  resumed     %d (in flight at the crash, finished by Resume with their original keys)\n", r.Resumed)
