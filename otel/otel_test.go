@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 
 	"github.com/idemgo/idem"
@@ -226,7 +227,7 @@ func sums(t *testing.T, data metricdata.Aggregation, key attribute.Key) map[stri
 	out := map[string]int64{}
 	for _, dp := range s.DataPoints {
 		v, _ := dp.Attributes.Value(key)
-		out[v.Emit()] += dp.Value
+		out[v.String()] += dp.Value
 	}
 	return out
 }
@@ -292,7 +293,7 @@ func TestNoJournalNoGauges(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
-	in, err := idemotel.New(nil, idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(trace.NewNoopTracerProvider()))
+	in, err := idemotel.New(nil, idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(noop.NewTracerProvider()))
 	require.NoError(t, err)
 	require.NoError(t, in.Shutdown())
 	var rm metricdata.ResourceMetrics

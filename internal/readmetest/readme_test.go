@@ -19,11 +19,11 @@ package readmetest
 import (
 	"bufio"
 	"fmt"
+	"go/build"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -225,7 +225,7 @@ func goTool(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("go")
 	if err != nil {
-		p = filepath.Join(runtime.GOROOT(), "bin", "go")
+		p = filepath.Join(build.Default.GOROOT, "bin", "go")
 		if _, err := os.Stat(p); err != nil {
 			t.Skip("no go command to build the README's blocks with")
 		}
