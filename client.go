@@ -65,6 +65,9 @@ func newClient(store KeyStore, cfg config) *Client {
 		retention: cfg.retention, log: cfg.logger,
 		recent: recentCalls{window: cfg.matchWindow},
 	}
+	if cfg.header != DefaultHeader {
+		j.keyHeader = cfg.header
+	}
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1), shut: make(chan struct{})}
 	c.shutCtx, c.cancelShut = context.WithCancel(context.Background())
