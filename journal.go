@@ -13,9 +13,12 @@ import (
 // process's name and lease, the in-flight registry and the index of recent
 // calls a resend may belong to. Transport and Resume share one.
 type journal struct {
-	store        KeyStore
-	owner        string
-	keyHeader    string // what Operation.KeyHeader records: "" for DefaultHeader
+	store     KeyStore
+	owner     string
+	keyHeader string // what Operation.KeyHeader records
+	// refused, if set, is why this Client may not use the journal (its
+	// policy conflicts with the journal's): every call fails with it.
+	refused      error
 	lease        time.Duration
 	resendWindow time.Duration
 	matchWindow  time.Duration

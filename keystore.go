@@ -55,8 +55,9 @@ type Operation struct {
 	Key string
 	// KeyHeader is the request header the key travels in, as the
 	// application named it when the operation was journaled (it may change
-	// between releases). "" means Idempotency-Key, the default, and is what
-	// records written before it existed read as.
+	// between releases); Resume sends the key in it. It is "" only in
+	// records written before it existed: Resume then uses the Client's
+	// key header (WithHeader).
 	KeyHeader string
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string

@@ -64,6 +64,9 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 // waited for until ctx ends. matched says that op.Key was taken from a
 // recent call with the same payload (see recentCalls).
 func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*operation, error) {
+	if j.refused != nil {
+		return nil, &Error{Name: op.Name, Cause: ErrPolicyConflict, Err: j.refused}
+	}
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)

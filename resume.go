@@ -52,6 +52,9 @@ type resumed struct {
 
 // resume is Resume for operations last updated at least minAge ago.
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
+	if err := c.t.j.refused; err != nil {
+		return fmt.Errorf("idem: resume: %w", err)
+	}
 	select {
 	case c.resuming <- struct{}{}:
 	case <-c.shut:
@@ -203,7 +206,11 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
-	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, []string{rec.Key})
+	keyHeader := rec.KeyHeader // the header the operation was sent with
+	if keyHeader == "" {       // a record from before KeyHeader existed
+		keyHeader = c.t.cfg.header
+	}
+	req.Header = outgoingHeader(rec.Header, keyHeader, []string{rec.Key})
 	if rec.Host != "" {
 		req.Host = rec.Host
 	}
