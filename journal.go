@@ -171,6 +171,10 @@ func (j *journal) newLease(now time.Time) Lease {
 // before idem takes it for a sign that the clock moved.
 const clockSkew = time.Minute
 
+// errExpiredFinal says why an expired operation is not sent again, even
+// within the resend window: expiry is final.
+var errExpiredFinal = errors.New("idem: the operation was expired: it is never sent again; reconcile it with the server by its key")
+
 // errFutureRecord says why a record dated in the future is not sent.
 var errFutureRecord = errors.New("idem: record is dated in the future; the clock moved, so its age is unknown")
 

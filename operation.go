@@ -153,6 +153,9 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)
 	}
+	if rec.State == StateExpired { // final: never sent again, by name or key
+		return fail(ErrExpired, errExpiredFinal)
+	}
 	now := j.now()
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)

@@ -89,3 +89,37 @@ func TestResumeSendsUnderTheOperationsKeyHeader(t *testing.T) {
 	assert.Equal(t, key, rt.sent[0].header.Get("PayPal-Request-Id"))
 	assert.Empty(t, rt.sent[0].header.Get("Idempotency-Key"), "no key in the default header")
 }
+
+func TestExpiredIsFinal(t *testing.T) {
+	store := sharedStore{idem.NewMemoryStore()}
+	lost := &scriptRT{steps: []step{{err: errors.New("connection reset")}}}
+	c := idem.New(store, idem.WithBaseTransport(lost), idem.WithMaxAttempts(1))
+	ctx := idem.WithOperation(context.Background(), "pay:1")
+	_, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`)
+	require.Error(t, err)
+	require.NoError(t, c.Close())
+	key := lost.sent[0].key
+	// The operator gives it up (what idem expire does).
+	require.NoError(t, store.Finish(t.Context(), key, idem.Outcome{State: idem.StateExpired, Err: "expired by operator", At: time.Now()}))
+
+	rt := &scriptRT{steps: []step{resp(201)}}
+	c = idem.New(store, idem.WithBaseTransport(rt))
+	defer c.Close()
+	for name, ctx := range map[string]context.Context{
+		"by name": ctx,
+		"by key":  idem.WithKey(context.Background(), key),
+	} {
+		_, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`)
+		require.ErrorIs(t, err, idem.ErrExpired, name)
+		var ie *idem.Error
+		require.ErrorAs(t, err, &ie, name)
+		assert.Equal(t, key, ie.Key, name)
+	}
+	require.NoError(t, c.Resume(t.Context(), func(op idem.Operation, r *http.Response, err error) {
+		t.Errorf("Resume delivered %s", op.Key)
+	}))
+	assert.Empty(t, rt.sent, "an expired operation is never sent again")
+	op, err := store.Get(t.Context(), key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateExpired, op.State)
+}
