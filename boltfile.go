@@ -60,6 +60,9 @@ type BoltOptions struct {
 	// perWrite makes every change its own bbolt Update, without group
 	// commit. It exists for the benchmarks' baseline.
 	perWrite bool
+	// beforeCompact runs when Open has decided to compact the journal,
+	// with its lock held. It exists for tests.
+	beforeCompact func()
 }
 
 // Defaults of BoltOptions.
@@ -90,7 +93,9 @@ const opsFill = 0.9
 
 // boltFile is the bbolt file of a BoltStore and what guards it.
 type boltFile struct {
-	path     string
+	path     string // the journal's path, as given (perhaps a symbolic link)
+	real     string // the file it names, links resolved: what is opened and compacted
+	timeout  time.Duration
 	modified time.Time // the file's modification time when it was opened
 	db       *bolt.DB
 	file     *os.File    // bbolt's file handle, to release a broken journal
@@ -108,13 +113,20 @@ type boltFile struct {
 	dropped, scrubbedTo atomic.Uint64
 	// kick, if set, is called when a transaction drops a request.
 	kick func()
+	// seenTx is the highest bbolt transaction ID this handle has seen
+	// committed. IDs only grow: a lower one means the file was overwritten
+	// in place with an older copy.
+	seenTx atomic.Uint64
+	// beforeCompact, if set, runs when Open has decided to compact, with
+	// the journal's lock held (a test hook).
+	beforeCompact func()
 }
 
 // openFile opens, or creates, the bbolt file at path and checks its
 // format. Only a missing file creates a journal: an existing empty or short
 // file is a lost journal (ErrJournalCorrupt).
-func openFile(path string, timeout time.Duration) (*boltFile, error) {
-	f := &boltFile{path: path}
+func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
+	f := &boltFile{path: path, real: path, timeout: timeout, beforeCompact: beforeCompact}
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
 	}
@@ -143,13 +155,9 @@ func openFile(path string, timeout time.Duration) (*boltFile, error) {
 		_ = f.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
-	if compacted, err := f.compactIfMostlyFree(); err != nil {
+	if err := f.compactIfMostlyFree(); err != nil {
 		_ = f.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	} else if compacted {
-		if err := f.open(timeout); err != nil {
-			return nil, fmt.Errorf("open journal %s after compacting it: %w", path, err)
-		}
 	}
 	return f, nil
 }
@@ -162,23 +170,28 @@ const (
 	compactFreeRatio = 0.5
 )
 
-// compactIfMostlyFree rewrites a mostly free journal into a new file,
-// renames that over the journal and reports whether it did; f is then
-// released and must be opened again. A crash leaves either the old file
-// or the complete new one under the journal's name (and perhaps a
-// leftover ".compact" file, removed by the next compaction).
-func (f *boltFile) compactIfMostlyFree() (bool, error) {
+// compactIfMostlyFree rewrites a mostly free journal into a new file and
+// renames that over the journal's file. The new file is opened, and its
+// lock taken, before it gets the journal's name, so no other opener can
+// use it in between; f then holds the new file. A crash leaves either the
+// old file or the complete new one under the journal's name (and perhaps
+// a leftover ".compact" file, removed by the next compaction). A journal
+// path that is a symbolic link stays one: the file it names is replaced.
+func (f *boltFile) compactIfMostlyFree() error {
 	st := f.db.Stats()
 	ps := int64(f.db.Info().PageSize)
 	size := f.id.Size()
 	if size < compactMinSize || float64(int64(st.FreePageN+st.PendingPageN)*ps) <= compactFreeRatio*float64(size) {
-		return false, nil
+		return nil
 	}
-	tmp := f.path + ".compact"
+	if f.beforeCompact != nil {
+		f.beforeCompact()
+	}
+	tmp := f.real + ".compact"
 	_ = os.Remove(tmp)
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
-		return false, fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+		return fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
 	}
 	err = f.guarded(func() error { return bolt.Compact(dst, f.db, 16<<20) })
 	if err == nil {
@@ -189,29 +202,72 @@ func (f *boltFile) compactIfMostlyFree() (bool, error) {
 	if cerr := dst.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, cerr)
 	}
+	var nf *boltFile
 	if err == nil {
-		if err = os.Rename(tmp, f.path); err != nil {
+		nf = &boltFile{path: tmp, real: tmp}
+		if err = nf.openLocked(f.timeout); err != nil {
+			nf = nil
+			err = fmt.Errorf("compacting: %w", err)
+		}
+	}
+	if err == nil {
+		if err = os.Rename(tmp, f.real); err != nil {
 			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
 		}
 	}
 	if err != nil {
+		if nf != nil {
+			_ = nf.release()
+		}
 		_ = os.Remove(tmp)
-		return false, err
+		return err
 	}
-	if d, err := os.Open(filepath.Dir(f.path)); err == nil {
+	if d, err := os.Open(filepath.Dir(f.real)); err == nil {
 		_ = d.Sync() // make the rename durable
 		_ = d.Close()
 	}
-	if err := f.release(); err != nil {
-		return true, fmt.Errorf("%w: closing the journal before compacting: %w", ErrJournalWrite, err)
+	oldDB, oldFile := f.db, f.file
+	f.db, f.file, f.id = nf.db, nf.file, nf.id
+	f.seenTx.Store(0)
+	if err := releaseDB(oldDB, oldFile, f.broken.Load()); err != nil {
+		return fmt.Errorf("%w: closing the journal after compacting it: %w", ErrJournalWrite, err)
 	}
-	return true, nil
+	return nil
 }
 
-// open opens the bbolt file and maps its errors to idem's sentinels. A
-// damaged file can make bbolt panic or fault on its memory map; both are
-// turned into ErrJournalCorrupt.
-func (f *boltFile) open(timeout time.Duration) (err error) {
+// open opens the bbolt file, waiting up to timeout for its lock, and
+// makes sure that the file it locked is still the one at the journal's
+// path: another opener may have replaced it (compacted it) while this one
+// waited. It then tries again with the file now at the path, within the
+// same timeout.
+func (f *boltFile) open(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if r, err := filepath.EvalSymlinks(f.path); err == nil {
+			f.real = r
+		}
+		if err := f.openLocked(max(time.Until(deadline), time.Millisecond)); err != nil {
+			return err
+		}
+		fi, err := os.Stat(f.path)
+		if err == nil && os.SameFile(fi, f.id) {
+			return nil
+		}
+		_ = f.release()
+		if err == nil && time.Now().Before(deadline) {
+			continue // replaced while this opener waited: lock the new file
+		}
+		if err == nil {
+			return fmt.Errorf("%w: the journal file was replaced while this opener waited for its lock, and the new one stayed locked", ErrJournalLocked)
+		}
+		return fmt.Errorf("%w: the journal file was removed while this opener waited for its lock: %w", ErrJournalWrite, err)
+	}
+}
+
+// openLocked opens f.real with bbolt and maps its errors to idem's
+// sentinels. A damaged file can make bbolt panic or fault on its memory
+// map; both are turned into ErrJournalCorrupt.
+func (f *boltFile) openLocked(timeout time.Duration) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
@@ -221,7 +277,8 @@ func (f *boltFile) open(timeout time.Duration) (err error) {
 			f.db, err = nil, fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
 		}
 	}()
-	f.db, err = bolt.Open(f.path, 0o600, &bolt.Options{
+	f.file = nil
+	f.db, err = bolt.Open(f.real, 0o600, &bolt.Options{
 		Timeout:      timeout,
 		FreelistType: bolt.FreelistMapType,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
@@ -340,11 +397,13 @@ func checkFormat(got []byte) error {
 // release closes the bbolt file. After bbolt panicked its locks may be
 // held, so DB.Close would block forever: then only the file is closed,
 // which releases the lock on it, and the memory map is left behind.
-func (f *boltFile) release() error {
-	if f.broken.Load() {
-		return f.file.Close()
+func (f *boltFile) release() error { return releaseDB(f.db, f.file, f.broken.Load()) }
+
+func releaseDB(db *bolt.DB, file *os.File, broken bool) error {
+	if broken {
+		return file.Close()
 	}
-	return f.db.Close()
+	return db.Close()
 }
 
 // corrupt turns the value bbolt panicked with (a damaged page) into an
@@ -392,10 +451,20 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 			return err
 		}
 		var fnErr error
+		var id uint64
 		err := f.db.Update(func(tx *bolt.Tx) error {
+			// A writable transaction's ID is the last committed one plus
+			// one: it must be above every ID this handle has seen.
+			if id = uint64(tx.ID()); id <= f.seenTx.Load() {
+				fnErr = f.wentBack(id - 1)
+				return fnErr
+			}
 			fnErr = fn(tx)
 			return fnErr
 		})
+		if err == nil {
+			f.sawTx(id)
+		}
 		if err != nil && fnErr == nil {
 			if errors.Is(err, syscall.EFBIG) {
 				// bbolt asked for pages far beyond the file: a damaged
@@ -408,12 +477,39 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 	})
 }
 
+// sawTx records that transaction id was committed.
+func (f *boltFile) sawTx(id uint64) {
+	for {
+		old := f.seenTx.Load()
+		if id <= old || f.seenTx.CompareAndSwap(old, id) {
+			return
+		}
+	}
+}
+
+// wentBack returns the error for a file whose last transaction, id, is
+// older than one this handle saw: it was overwritten in place with an
+// older copy (a restored backup), which has lost what was committed
+// since. The store refuses all further access.
+func (f *boltFile) wentBack(id uint64) error {
+	f.broken.Store(true)
+	return fmt.Errorf("%w: journal file %s was overwritten with an older copy while open (its last transaction is %d, this process saw %d): "+
+		"changes made since are lost; keep both files and reconcile the pending operations by their keys", ErrJournalCorrupt, f.path, id, f.seenTx.Load())
+}
+
 // view runs fn in a read transaction, guarded.
 func (f *boltFile) view(fn func(*bolt.Tx) error) error {
 	return f.guarded(func() error {
 		f.readers.RLock()
 		defer f.readers.RUnlock()
-		err := f.db.View(fn)
+		err := f.db.View(func(tx *bolt.Tx) error {
+			id := uint64(tx.ID())
+			if id < f.seenTx.Load() {
+				return f.wentBack(id)
+			}
+			f.sawTx(id)
+			return fn(tx)
+		})
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			return ErrClosed
 		}

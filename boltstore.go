@@ -43,6 +43,14 @@ import (
 // transactions that had not finished committing are rolled back by bbolt.
 // Before each commit the store checks that the journal's path still names
 // its file: a journal removed while open refuses writes (ErrJournalWrite).
+// Every transaction checks that bbolt's transaction ID has not gone back:
+// a file overwritten in place with an older copy is ErrJournalCorrupt, and
+// the store refuses all access. Close reports either.
+//
+// One opener at a time: after taking the file's lock, Open checks that the
+// locked file is still the one at the path (another opener may have
+// compacted and replaced it meanwhile) and otherwise waits for the new
+// one. A path that is a symbolic link is followed, and stays a link.
 type BoltStore struct {
 	f      *boltFile
 	w      *groupcommit.Writer[*bolt.Tx]
@@ -107,7 +115,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	f, err := openFile(path, opt.LockTimeout)
+	f, err := openFile(path, opt.LockTimeout, opt.beforeCompact)
 	if err != nil {
 		return nil, err
 	}
@@ -553,5 +561,16 @@ func (s *BoltStore) Close() error {
 	if werr == nil && s.f.scrubDue() && !s.f.broken.Load() {
 		serr = s.f.update(s.f.scrub)
 	}
-	return errors.Join(werr, serr, s.f.release())
+	// A journal replaced under this store (renamed over, or overwritten in
+	// place with an older copy) is reported: what it accepted may be lost.
+	var rerr error
+	if !s.f.broken.Load() {
+		rerr = s.f.view(func(*bolt.Tx) error { return nil })
+		if rerr == nil {
+			rerr = s.f.stillNamed()
+		}
+	} else {
+		rerr = fmt.Errorf("idem: close journal: %w: it was found damaged or replaced while open; changes accepted since may be lost", ErrJournalCorrupt)
+	}
+	return errors.Join(werr, serr, rerr, s.f.release())
 }

@@ -30,3 +30,14 @@ func (m *MemoryStore) Len() int {
 // StillNamed is the check that the journal's path still names its file,
 // made before each commit.
 func (s *BoltStore) StillNamed() error { return s.f.stillNamed() }
+
+// OpenBoltStoreBeforeCompact opens a BoltStore that calls hook, with the
+// journal's lock held, when Open has decided to compact it.
+func OpenBoltStoreBeforeCompact(path string, o *BoltOptions, hook func()) (*BoltStore, error) {
+	var opt BoltOptions
+	if o != nil {
+		opt = *o
+	}
+	opt.beforeCompact = hook
+	return OpenBoltStore(path, &opt)
+}
