@@ -60,6 +60,13 @@ type BoltOptions struct {
 	// perWrite makes every change its own bbolt Update, without group
 	// commit. It exists for the benchmarks' baseline.
 	perWrite bool
+	// SkipCheck opens a journal without Open's check of its pending
+	// records and name mappings, for tools that read what they can of a
+	// damaged journal (the idem command's ls, pending, show and stats,
+	// with BoltStore.Salvage). An application must not set it: the check
+	// is what keeps it from trusting a damaged journal.
+	SkipCheck bool
+
 	// beforeCompact runs when Open has decided to compact the journal,
 	// with its lock held. It exists for tests.
 	beforeCompact func()
@@ -411,7 +418,7 @@ func releaseDB(db *bolt.DB, file *os.File, broken bool) error {
 // access.
 func (f *boltFile) corrupt(p any) error {
 	f.broken.Store(true)
-	return fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
+	return fmt.Errorf("%w: a page of the journal file is damaged (bbolt: %v)", ErrJournalCorrupt, p)
 }
 
 // guarded runs fn with a fault or panic inside bbolt turned into

@@ -119,9 +119,9 @@ func fromRecord(key string, r *codec.Record) Operation {
 // ErrRecordVersion or ErrJournalCorrupt.
 func codecErr(key string, err error) error {
 	if errors.Is(err, codec.ErrVersion) {
-		return fmt.Errorf("record %q: %w: %w", key, ErrRecordVersion, err)
+		return fmt.Errorf("record %q was written by a newer idem (%w): %w", key, ErrRecordVersion, err)
 	}
-	return fmt.Errorf("record %q: %w: %w", key, ErrJournalCorrupt, err)
+	return fmt.Errorf("record %q is damaged (%w): %w", key, ErrJournalCorrupt, err)
 }
 
 // loadOp returns the record for key with its request, or ErrNotFound.

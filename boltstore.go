@@ -47,6 +47,16 @@ import (
 // a file overwritten in place with an older copy is ErrJournalCorrupt, and
 // the store refuses all access. Close reports either.
 //
+// What Open checks: the file's size against its pages, its format
+// marker, and, walking the records once in key order (which reads every
+// leaf page of the records' B+tree, so a damaged page is found), that
+// every pending record and its body decode and pass their checksums, and
+// that every name maps to a record that passes its checksum. Finished
+// records not named are checked only when read. A record written by a
+// newer idem is no damage: Open accepts it, and Pending and Resume report
+// it (ErrRecordVersion). The walk costs time in proportion to the records
+// (a cursor step each), the decoding in proportion to the pending ones.
+//
 // One opener at a time: after taking the file's lock, Open checks that the
 // locked file is still the one at the path (another opener may have
 // compacted and replaced it meanwhile) and otherwise waits for the new
@@ -93,7 +103,8 @@ func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
 // it does not exist.
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout; ErrJournalCorrupt for a
-// damaged, truncated, empty or foreign file; ErrRecordVersion for a journal
+// damaged, truncated, empty or foreign file, or one whose pending records
+// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for a journal
 // of another format version; and ErrJournalWrite if the file cannot be
 // created or opened for writing (an empty path, a directory, a missing
 // parent directory, a read-only file system).
@@ -120,6 +131,16 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 		return nil, err
 	}
 	s.f = f
+	if !opt.SkipCheck {
+		if err := f.check(); err != nil {
+			// The check only reads: a panic in its read transaction left
+			// no bbolt lock held (View rolls back), so the file is closed
+			// in full, unmapped too, which releases its lock.
+			f.broken.Store(false)
+			_ = f.release()
+			return nil, fmt.Errorf("open journal %s: %w", path, err)
+		}
+	}
 	s.w = groupcommit.New(f.update, groupcommit.Options{
 		MaxGroup: opt.MaxGroup,
 		Recover:  f.corrupt,

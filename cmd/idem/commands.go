@@ -65,7 +65,7 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	}
 	switch {
 	case op.State == 0:
-		v.Resend = "unreadable"
+		v.State, v.Resend = "unreadable", "unreadable"
 	case op.State != idem.StatePending:
 	case op.Created.Before(c.now.Add(-c.policy.ResendWindow)):
 		v.Resend = "past resend window"
@@ -179,7 +179,7 @@ type listing struct {
 // operation for ls (all). A failure to read some records is reported in
 // the listing, not as an error.
 func (c *cli) readListing(all bool) (l listing, err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return l, err
 	}
@@ -191,7 +191,7 @@ func (c *cli) readListing(all bool) (l listing, err error) {
 	if all {
 		ops, perr = allRecords(c.ctx, s)
 	} else {
-		ops, perr = allPending(c.ctx, s)
+		ops, perr = salvagePending(c.ctx, s)
 	}
 	l.Operations = make([]opView, 0, len(ops))
 	for _, op := range ops {
@@ -261,7 +261,7 @@ func (c *cli) printListing(l listing, header string, row func(opView) string, su
 
 // show prints one operation.
 func (c *cli) show(arg string, body bool) (err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return err
 	}
@@ -439,7 +439,7 @@ type statsView struct {
 
 // stats counts what the journal holds.
 func (c *cli) stats(_ []string) (err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return err
 	}
@@ -448,7 +448,7 @@ func (c *cli) stats(_ []string) (err error) {
 	if err != nil {
 		return err
 	}
-	ops, perr := allPending(c.ctx, s)
+	ops, perr := salvagePending(c.ctx, s)
 	if perr != nil && len(ops) == 0 {
 		return perr
 	}

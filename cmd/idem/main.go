@@ -243,7 +243,8 @@ func (c *cli) fail(err error) int {
 			"  restore it from a backup or move it aside; its pending operations must be\n"+
 			"  reconciled with the servers by their keys.\n", c.journal)
 	case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
-		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details.\n", err, c.journal)
+		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details; \"idem ls\" and \"idem pending\"\n"+
+			"  list what is still readable, with the keys to reconcile.\n", err, c.journal)
 	default:
 		fmt.Fprintf(c.err, "idem: %v\n", err)
 	}
@@ -252,11 +253,18 @@ func (c *cli) fail(err error) int {
 
 // open opens the journal, which must exist: the command never creates
 // one.
-func (c *cli) open() (*idem.BoltStore, error) {
+func (c *cli) open() (*idem.BoltStore, error) { return c.openStore(false) }
+
+// openSalvage opens the journal for reading what it can, damaged or not:
+// without Open's check of its records (see idem.BoltOptions.SkipCheck).
+// ls, pending, show and stats read through it, with BoltStore.Salvage.
+func (c *cli) openSalvage() (*idem.BoltStore, error) { return c.openStore(true) }
+
+func (c *cli) openStore(salvage bool) (*idem.BoltStore, error) {
 	if err := c.checkFile(); err != nil {
 		return nil, err
 	}
-	s, err := idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout})
+	s, err := idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout, SkipCheck: salvage})
 	if err != nil {
 		return nil, err
 	}
@@ -318,9 +326,23 @@ func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) 
 	return allPages(ctx, s.Pending)
 }
 
-// allRecords reads every record of s, of any state, without requests.
+// allRecords reads every record of s that can be read, of any state,
+// without bodies (idem.BoltStore.Salvage): unreadable records come with
+// State 0 and LastError, and err names them and any damaged page.
 func allRecords(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
-	return allPages(ctx, s.Walk)
+	return s.Salvage(ctx)
+}
+
+// salvagePending is allRecords' pending and unreadable records.
+func salvagePending(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
+	ops, err := s.Salvage(ctx)
+	out := ops[:0]
+	for _, op := range ops {
+		if op.State == idem.StatePending || op.State == 0 {
+			out = append(out, op)
+		}
+	}
+	return out, err
 }
 
 // allPages reads every page of a listing in key order.
@@ -342,11 +364,24 @@ func allPages(ctx context.Context, list func(ctx context.Context, after string, 
 	}
 }
 
-// find returns the operation with key or name arg.
+// find returns the operation with key or name arg. On a damaged journal
+// it looks among what Salvage reads.
 func find(ctx context.Context, s *idem.BoltStore, arg string) (idem.Operation, error) {
 	op, err := s.Get(ctx, arg)
 	if err == nil {
 		return op, nil
+	}
+	if errors.Is(err, idem.ErrJournalCorrupt) {
+		ops, serr := s.Salvage(ctx)
+		for _, op := range ops {
+			if op.Key == arg || op.Name == arg {
+				if op.State == 0 {
+					return op, fmt.Errorf("operation %s cannot be read: %s", cell(op.Key), op.LastError)
+				}
+				return op, nil
+			}
+		}
+		return op, fmt.Errorf("no readable operation with key or name %s: %w", cell(arg), errors.Join(err, serr))
 	}
 	if !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrInvalidKey) {
 		return op, err

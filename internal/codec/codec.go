@@ -20,6 +20,11 @@
 //	body      the remaining bytes
 //	crc       4 bytes, CRC-32C (Castagnoli) of everything before, little endian
 //
+// Every version, this one and any later one, ends in that checksum: a
+// record whose version byte is unknown but whose checksum holds was
+// written by a newer version (ErrVersion); one whose checksum fails is
+// damaged (ErrCorrupt), whatever its first byte says.
+//
 // A finished record has no request section beyond a zero header count, so
 // it is about 100 bytes plus its URL, name and owner. The checksum lets a
 // reader tell a damaged record (or a damaged page holding it) from a valid
@@ -210,14 +215,20 @@ func Check(b []byte) (state uint8, err error) {
 	if len(b) == 0 {
 		return 0, fmt.Errorf("%w: empty", ErrCorrupt)
 	}
+	n := len(b) - crcSize
+	sumOK := n > 0 && crc32.Checksum(b[:n], table) == binary.LittleEndian.Uint32(b[n:])
 	if b[0] != Version {
+		if !sumOK {
+			// Every version ends in this checksum: a record that fails it
+			// is damaged, whatever its first byte says.
+			return 0, fmt.Errorf("%w: checksum mismatch (and version byte %d)", ErrCorrupt, b[0])
+		}
 		return 0, fmt.Errorf("%w %d (this version reads %d)", ErrVersion, b[0], Version)
 	}
 	if len(b) < minSize {
 		return 0, fmt.Errorf("%w: %d bytes is too short", ErrCorrupt, len(b))
 	}
-	n := len(b) - crcSize
-	if crc32.Checksum(b[:n], table) != binary.LittleEndian.Uint32(b[n:]) {
+	if !sumOK {
 		return 0, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	return b[1], nil

@@ -77,13 +77,22 @@ func TestDecodeUnknownVersion(t *testing.T) {
 	rec := sample()
 	b := codec.Encode(&rec)
 	for _, v := range []byte{0, 1, 3, 0xff} {
-		b[0] = v
-		err := codec.Decode(b, new(codec.Record))
+		// A newer version: another first byte, and its own checksum.
+		newer := bytes.Clone(b[:len(b)-4])
+		newer[0] = v
+		newer = binary.LittleEndian.AppendUint32(newer, crc32.Checksum(newer, crc32.MakeTable(crc32.Castagnoli)))
+		err := codec.Decode(newer, new(codec.Record))
 		if !errors.Is(err, codec.ErrVersion) || errors.Is(err, codec.ErrCorrupt) {
 			t.Errorf("version %d: got %v, want ErrVersion only", v, err)
 		}
 		if err != nil && !strings.Contains(err.Error(), "unknown record version") {
 			t.Errorf("version %d: unclear message %q", v, err)
+		}
+		// A damaged version byte: the checksum fails.
+		damaged := bytes.Clone(b)
+		damaged[0] = v
+		if err := codec.Decode(damaged, new(codec.Record)); !errors.Is(err, codec.ErrCorrupt) || errors.Is(err, codec.ErrVersion) {
+			t.Errorf("damaged version byte %d: got %v, want ErrCorrupt only", v, err)
 		}
 	}
 }
