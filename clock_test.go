@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -62,5 +63,43 @@ func TestClockAheadAtOpenSweepsNoNames(t *testing.T) {
 		require.ErrorAs(t, err, &ie)
 		assert.Equal(t, first, ie.Key, "the re-drive kept the name's key")
 		assert.Len(t, rt.sent, 1, "nothing sent past the window")
+	})
+}
+
+// skewedStore is a shared store whose clock runs an hour ahead of this
+// process's, and counts how often it is read.
+type skewedStore struct {
+	sharedStore
+	reads atomic.Int32
+}
+
+func (s *skewedStore) Now(context.Context) (time.Time, error) {
+	s.reads.Add(1)
+	return time.Now().Add(time.Hour), nil
+}
+
+func TestJournalTimesFollowTheStoresClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &skewedStore{sharedStore: sharedStore{idem.NewMemoryStore()}}
+		rt := &scriptRT{steps: []step{resp(201)}}
+		c := idem.New(store, idem.WithBaseTransport(rt))
+		defer c.Close()
+		require.Equal(t, int32(1), store.reads.Load(), "the offset is measured at New")
+		r, err := post(t, context.Background(), c.HTTPClient(), `{"amount":1}`)
+		require.NoError(t, err)
+		r.Body.Close()
+		op, err := store.Get(context.Background(), rt.sent[0].key)
+		require.NoError(t, err)
+		want := time.Now().Add(time.Hour)
+		assert.WithinDuration(t, want, op.Created, time.Second, "Created is on the store's clock")
+		assert.WithinDuration(t, want, op.Updated, time.Second, "Updated is on the store's clock")
+
+		// Minutes later the offset is measured again, in the background.
+		time.Sleep(6 * time.Minute)
+		r, err = post(t, context.Background(), c.HTTPClient(), `{"amount":2}`)
+		require.NoError(t, err)
+		r.Body.Close()
+		synctest.Wait()
+		assert.Equal(t, int32(2), store.reads.Load(), "the offset is refreshed")
 	})
 }
