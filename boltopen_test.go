@@ -208,3 +208,67 @@ func TestCloseReportsAJournalReplacedUnderIt(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrJournalWrite)
 	assert.True(t, errors.Is(err, idem.ErrJournalWrite) && strings.Contains(err.Error(), "replaced"), "%v", err)
 }
+
+func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
+	// A burst of large requests, all finished: the file keeps their pages
+	// (free now) until Open finds it mostly free and compacts it.
+	path := filepath.Join(t.TempDir(), "journal.db")
+	s, err := idem.OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 25 {
+				op := newOp(fmt.Sprintf("big-%d-%02d", g, i))
+				op.Body = bytes.Repeat([]byte{'x'}, 100<<10)
+				if _, _, err := s.Reserve(ctx, op); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for g := range 8 {
+		for i := range 25 {
+			if err := s.Finish(ctx, fmt.Sprintf("big-%d-%02d", g, i), idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	keep := newOp("pending")
+	keep.Name = "pay:pending"
+	mustReserve(t, s, keep)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Size() < 16<<20 {
+		t.Fatalf("the burst left a %d-byte file: too small to test compaction", before.Size())
+	}
+	s = openBolt(t, path)
+	after, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Size() > before.Size()/4 {
+		t.Fatalf("journal of %d bytes, mostly free, is %d bytes after Open; want it compacted", before.Size(), after.Size())
+	}
+	t.Logf("compacted at Open: %d -> %d bytes", before.Size(), after.Size())
+	if got, err := s.Named(ctx, "pay:pending"); err != nil || !bytes.Equal(got.Body, keep.Body) {
+		t.Fatalf("pending operation after compaction: %+v, %v", got, err)
+	}
+	if got, err := s.Get(ctx, "big-3-07"); err != nil || got.State != idem.StateSucceeded {
+		t.Fatalf("finished operation after compaction: %+v, %v", got, err)
+	}
+	mustReserve(t, s, newOp("after-compaction"))
+	if _, err := os.Stat(path + ".compact"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("compaction left its temporary file: %v", err)
+	}
+}
