@@ -19,9 +19,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/crashtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// crashChildren are the helper modes a test runs this binary in (see
+// internal/crashtest).
+var crashChildren = map[string]func() int{}
+
+func TestMain(m *testing.M) {
+	if child, ok := crashChildren[crashtest.Mode()]; ok {
+		os.Exit(child())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // provider answers /ok with 201 and cuts the connection on /lost until
 // healed is set; then /lost answers 201 too.
