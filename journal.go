@@ -21,7 +21,6 @@ type journal struct {
 	refused      error
 	lease        time.Duration
 	resendWindow time.Duration
-	matchWindow  time.Duration
 	retention    time.Duration
 	log          *slog.Logger
 

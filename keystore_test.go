@@ -3,7 +3,6 @@ package idem_test
 import (
 	"net/http"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,18 +34,6 @@ func TestBoltStoreConformance(t *testing.T) {
 		},
 	})
 }
-
-// clock is a settable time source.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // opTime is when the operations of newOp were made.
 var opTime = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
