@@ -18,8 +18,9 @@ import (
 const maxReported = 5
 
 // check is Open's check of the records (see BoltStore): every pending
-// record decodes with its body, and every name maps to a record that
-// passes its checksum. A record of a newer version is not damage.
+// record decodes with its body, every name maps to a well-formed key, and
+// every named pending record is found by its name. A record of a newer
+// version is not damage.
 func (f *boltFile) check() error {
 	var bad []error
 	n := 0
@@ -41,6 +42,7 @@ func (f *boltFile) check() error {
 		if err != nil {
 			return err
 		}
+		pending := map[string]string{} // key -> name, of the pending records
 		c := ops.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if isBodyKey(k) {
@@ -49,21 +51,36 @@ func (f *boltFile) check() error {
 			if len(v) >= 2 && v[0] == codec.Version && State(v[1]).Finished() {
 				continue
 			}
-			if _, err := loadOp(ops, string(k)); err != nil {
+			op, err := loadOp(ops, string(k))
+			if err != nil {
 				note(err)
+				continue
 			}
+			pending[op.Key] = op.Name
 		}
-		return names.ForEach(func(name, key []byte) error {
-			v := ops.Get(key)
-			if v == nil {
-				note(fmt.Errorf("%w: name %q maps to record %q, which is missing", ErrJournalCorrupt, name, key))
-				return nil
-			}
-			if _, err := codec.Check(v); err != nil {
-				note(fmt.Errorf("name %q: %w", name, codecErr(string(key), err)))
+		err = names.ForEach(func(name, key []byte) error {
+			if err := validKey(string(key)); err != nil {
+				note(fmt.Errorf("%w: name %q maps to %q, which is no key", ErrJournalCorrupt, name, key))
+			} else if n, ok := pending[string(key)]; ok {
+				if n != string(name) {
+					note(fmt.Errorf("%w: name %q maps to pending record %q, which is named %q", ErrJournalCorrupt, name, key, n))
+				}
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		// Every pending record with a name must be found by it.
+		for key, name := range pending {
+			if name == "" {
+				continue
+			}
+			if got := names.Get([]byte(name)); string(got) != key {
+				note(fmt.Errorf("%w: pending record %q is named %q, but the name maps to %q", ErrJournalCorrupt, key, name, got))
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return err

@@ -194,3 +194,24 @@ func BenchmarkOpenCheck(b *testing.B) {
 		})
 	}
 }
+
+func TestOpenFindsABrokenNameMapping(t *testing.T) {
+	for name, put := range map[string][2]string{
+		"a pending record's name maps elsewhere": {"pay:001", "key-002"},
+		"a name maps to no key":                  {"pay:zzz", "not a key\x00"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "journal.db")
+			pendingJournal(t, path, 3)
+			db, err := bolt.Open(path, 0o600, nil)
+			require.NoError(t, err)
+			require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte("names")).Put([]byte(put[0]), []byte(put[1]))
+			}))
+			require.NoError(t, db.Close())
+			_, err = idem.Open(path)
+			require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+			assert.Contains(t, err.Error(), put[0])
+		})
+	}
+}

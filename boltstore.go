@@ -47,15 +47,18 @@ import (
 // a file overwritten in place with an older copy is ErrJournalCorrupt, and
 // the store refuses all access. Close reports either.
 //
-// What Open checks: the file's size against its pages, its format
-// marker, and, walking the records once in key order (which reads every
-// leaf page of the records' B+tree, so a damaged page is found), that
-// every pending record and its body decode and pass their checksums, and
-// that every name maps to a record that passes its checksum. Finished
-// records not named are checked only when read. A record written by a
-// newer idem is no damage: Open accepts it, and Pending and Resume report
-// it (ErrRecordVersion). The walk costs time in proportion to the records
-// (a cursor step each), the decoding in proportion to the pending ones.
+// What Open checks: the file's size against its pages and its format
+// marker; then, walking the records and the names once each in key order
+// (which reads every leaf page of both B+trees, so a damaged page is
+// found), that every pending record and its body decode and pass their
+// checksums, that every name maps to a well-formed key, and that every
+// named pending record is found by its name. Finished records, and the
+// names of finished records, are checked when they are read. A record
+// written by a newer idem is no damage: Open accepts it, and Pending and
+// Resume report it (ErrRecordVersion). The walks cost a cursor step per
+// record and name; decoding, only the pending records (about 20 ms for
+// 100,000 finished and 1,000 pending operations, half of them named:
+// BenchmarkOpenCheck).
 //
 // One opener at a time: after taking the file's lock, Open checks that the
 // locked file is still the one at the path (another opener may have
