@@ -459,11 +459,14 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 		}
 		var fnErr error
 		var id uint64
+		// floor is read before the transaction begins: any transaction
+		// that begins later has a higher ID, unless the file went back.
+		floor := f.seenTx.Load()
 		err := f.db.Update(func(tx *bolt.Tx) error {
 			// A writable transaction's ID is the last committed one plus
-			// one: it must be above every ID this handle has seen.
-			if id = uint64(tx.ID()); id <= f.seenTx.Load() {
-				fnErr = f.wentBack(id - 1)
+			// one: it must be above every ID this handle had seen.
+			if id = uint64(tx.ID()); id <= floor {
+				fnErr = f.wentBack(id-1, floor)
 				return fnErr
 			}
 			fnErr = fn(tx)
@@ -495,13 +498,13 @@ func (f *boltFile) sawTx(id uint64) {
 }
 
 // wentBack returns the error for a file whose last transaction, id, is
-// older than one this handle saw: it was overwritten in place with an
+// older than one this handle saw (seen): it was overwritten in place with an
 // older copy (a restored backup), which has lost what was committed
 // since. The store refuses all further access.
-func (f *boltFile) wentBack(id uint64) error {
+func (f *boltFile) wentBack(id, seen uint64) error {
 	f.broken.Store(true)
 	return fmt.Errorf("%w: journal file %s was overwritten with an older copy while open (its last transaction is %d, this process saw %d): "+
-		"changes made since are lost; keep both files and reconcile the pending operations by their keys", ErrJournalCorrupt, f.path, id, f.seenTx.Load())
+		"changes made since are lost; keep both files and reconcile the pending operations by their keys", ErrJournalCorrupt, f.path, id, seen)
 }
 
 // view runs fn in a read transaction, guarded.
@@ -509,10 +512,11 @@ func (f *boltFile) view(fn func(*bolt.Tx) error) error {
 	return f.guarded(func() error {
 		f.readers.RLock()
 		defer f.readers.RUnlock()
+		floor := f.seenTx.Load() // before the transaction begins, as in update
 		err := f.db.View(func(tx *bolt.Tx) error {
 			id := uint64(tx.ID())
-			if id < f.seenTx.Load() {
-				return f.wentBack(id)
+			if id < floor {
+				return f.wentBack(id, floor)
 			}
 			f.sawTx(id)
 			return fn(tx)

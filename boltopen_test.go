@@ -272,3 +272,41 @@ func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
 		t.Fatalf("compaction left its temporary file: %v", err)
 	}
 }
+
+func TestReadersRacingWritersSeeNoOlderCopy(t *testing.T) {
+	// A reader's transaction may begin before a writer commits and look
+	// at its ID after: that is no file going back.
+	s := openBolt(t, filepath.Join(t.TempDir(), "journal.db"))
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				if _, _, err := s.Reserve(ctx, newOp(fmt.Sprintf("w%d-%03d", w, i))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	var readers sync.WaitGroup
+	for range 4 {
+		readers.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if _, err := s.Get(ctx, "w0-000"); err != nil && !errors.Is(err, idem.ErrNotFound) {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	readers.Wait()
+}
