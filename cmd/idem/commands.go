@@ -190,6 +190,9 @@ func (c *cli) readListing(all bool) (l listing, err error) {
 	)
 	if all {
 		ops, perr = allRecords(c.ctx, s)
+		for i := range ops {
+			ops[i].Header = nil // ls shows no request, as before
+		}
 	} else {
 		ops, perr = salvagePending(c.ctx, s)
 	}
@@ -424,8 +427,7 @@ func (c *cli) gcDryRun(s *idem.BoltStore, cutoff time.Time) error {
 // statsView is stats' JSON form.
 type statsView struct {
 	FileSize int64 `json:"file_size_bytes"`
-	// ByState counts operations by state. Only pending operations can be
-	// counted through the journal's API; finished ones are absent.
+	// ByState counts the readable operations by state.
 	ByState    map[string]int `json:"by_state"`
 	Unreadable int            `json:"unreadable"`
 	// OldestPending is when the oldest pending operation was created.
