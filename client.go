@@ -73,7 +73,8 @@ func New(store KeyStore, opts ...Option) *Client {
 	return newClient(store, newConfig(opts))
 }
 
-// policy is the part of the configuration that travels with the journal.
+// journalPolicy is the part of the configuration that travels with the
+// journal.
 func (c *config) journalPolicy() Policy {
 	return Policy{KeyHeader: c.header, ResendWindow: c.resendWindow, Retention: c.retention, MatchWindow: c.matchWindow}
 }
