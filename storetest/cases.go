@@ -479,6 +479,35 @@ var tests = []struct {
 			t.Fatalf("Policy after reopening = %+v, %v; want %+v", p, err, want)
 		}
 	}},
+	{"an Inspector finds records by name and walks every state", func(t T, h *harness) {
+		in, ok := h.s.(idem.Inspector)
+		if !ok {
+			t.Skip("storetest: the store is no idem.Inspector")
+		}
+		ctx := t.Context()
+		for _, k := range []string{"c", "a", "b"} {
+			op := NewOperation(k)
+			op.Name = "pay:" + k
+			h.reserve(t, op)
+		}
+		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
+		got, err := in.Named(ctx, "pay:b")
+		if err != nil || got.Key != "b" || got.State != idem.StateSucceeded {
+			t.Fatalf("Named(pay:b) = %s %v, %v; want b, succeeded", got.Key, got.State, err)
+		}
+		if _, err := in.Named(ctx, "pay:none"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("Named of an unknown name = %v, want ErrNotFound", err)
+		}
+		ops, err := in.Walk(ctx, "", 0)
+		wantKeys(t, "Walk", ops, err, "a", "b", "c")
+		for _, op := range ops {
+			if op.Body != nil {
+				t.Fatalf("Walk returned %s with its body", op.Key)
+			}
+		}
+		ops, err = in.Walk(ctx, "a", 1)
+		wantKeys(t, "Walk after a, limit 1", ops, err, "b")
+	}},
 	{"invalid keys are refused", func(t T, h *harness) {
 		for _, k := range []string{"", strings.Repeat("k", 256), "a b", "ключ", "a\r\nb"} {
 			op := NewOperation("x")
