@@ -39,6 +39,7 @@ type provider struct {
 	*httptest.Server
 	healed atomic.Bool
 	auth   atomic.Int64 // requests that carried an Authorization header
+	forged atomic.Int64 // requests whose key was "not-the-key"
 }
 
 func newProvider(t *testing.T) *provider {
@@ -48,6 +49,9 @@ func newProvider(t *testing.T) *provider {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("Authorization") != "" {
 			p.auth.Add(1)
+		}
+		if r.Header.Get("Idempotency-Key") == "not-the-key" {
+			p.forged.Add(1)
 		}
 		if r.URL.Path == "/lost" && !p.healed.Load() {
 			panic(http.ErrAbortHandler)
@@ -367,11 +371,13 @@ func TestResume(t *testing.T) {
 	// Credentials from a file, the secret itself from the environment.
 	t.Setenv("IDEM_TEST_TOKEN", secretAuth)
 	hf := filepath.Join(t.TempDir(), "headers")
-	require.NoError(t, os.WriteFile(hf, []byte("# for the provider\n[127.0.0.1] Authorization: ${IDEM_TEST_TOKEN}\n"), 0o600))
+	require.NoError(t, os.WriteFile(hf, []byte("# for the provider\n[127.0.0.1] Authorization: ${IDEM_TEST_TOKEN}\n"+
+		"Idempotency-Key: not-the-key\n"), 0o600)) // a key header in the file is never sent
 	r = runIdem(t, "--journal", j.path, "resume", "--header-file", hf)
 	require.Equal(t, exitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "1 pending: 1 sent, 1 succeeded, 0 failed, 0 skipped, 0 expired.")
 	assert.Equal(t, int64(1), j.p.auth.Load(), "the resend carried the credentials")
+	assert.Zero(t, j.p.forged.Load(), "the key is never replaced by the header file")
 	assert.NotContains(t, r.stdout+r.stderr, "sk_live", "credentials are never printed")
 	runJSON(t, &l, "--journal", j.path, "pending")
 	assert.Empty(t, l.Operations)

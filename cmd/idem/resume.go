@@ -92,6 +92,11 @@ func (c *cli) resume(o resumeOptions) error {
 	if creds != nil {
 		opts = append(opts, idem.WithResumePrepare(func(r *http.Request) error {
 			for _, cr := range creds {
+				// Only headers the resend lacks (the credentials that were
+				// not journaled): never the key header, never a journaled one.
+				if _, has := r.Header[cr.name]; has {
+					continue
+				}
 				if cr.host == "" || strings.EqualFold(cr.host, r.URL.Hostname()) {
 					r.Header.Set(cr.name, cr.value)
 				}
