@@ -2,7 +2,6 @@ package idem
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,15 +15,17 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/groupcommit"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
 
 // This file holds the bbolt file handling of BoltStore: opening and
-// checking the file, the format marker, turning bbolt's faults into idem's
-// sentinels, the check that the file still has its name, and scrubbing the
-// free pages. boltstore.go holds the KeyStore methods.
+// locking the file (the one at the path), the format marker, turning
+// bbolt's faults into idem's sentinels, the checks that the file still has
+// its name and has not gone back to an older copy. boltcompact.go compacts
+// it at Open, boltscrub.go scrubs its free pages, boltcheck.go checks its
+// records, boltstore.go holds the KeyStore methods, boltrecord.go the
+// records, boltwalk.go the walks.
 
 // BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
 // means the default.
@@ -167,79 +168,6 @@ func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFi
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
 	return f, nil
-}
-
-// Compaction at Open: a journal of at least compactMinSize bytes of which
-// more than compactFreeRatio is free pages (after a burst of traffic that
-// retention has since swept) is rewritten into a new file that replaces it.
-const (
-	compactMinSize   = 16 << 20
-	compactFreeRatio = 0.5
-)
-
-// compactIfMostlyFree rewrites a mostly free journal into a new file and
-// renames that over the journal's file. The new file is opened, and its
-// lock taken, before it gets the journal's name, so no other opener can
-// use it in between; f then holds the new file. A crash leaves either the
-// old file or the complete new one under the journal's name (and perhaps
-// a leftover ".compact" file, removed by the next compaction). A journal
-// path that is a symbolic link stays one: the file it names is replaced.
-func (f *boltFile) compactIfMostlyFree() error {
-	st := f.db.Stats()
-	ps := int64(f.db.Info().PageSize)
-	size := f.id.Size()
-	if size < compactMinSize || float64(int64(st.FreePageN+st.PendingPageN)*ps) <= compactFreeRatio*float64(size) {
-		return nil
-	}
-	if f.beforeCompact != nil {
-		f.beforeCompact()
-	}
-	tmp := f.real + ".compact"
-	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-	}
-	err = f.guarded(func() error { return bolt.Compact(dst, f.db, 16<<20) })
-	if err == nil {
-		if err = dst.Sync(); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-		}
-	}
-	if cerr := dst.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, cerr)
-	}
-	var nf *boltFile
-	if err == nil {
-		nf = &boltFile{path: tmp, real: tmp}
-		if err = nf.openLocked(f.timeout); err != nil {
-			nf = nil
-			err = fmt.Errorf("compacting: %w", err)
-		}
-	}
-	if err == nil {
-		if err = os.Rename(tmp, f.real); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-		}
-	}
-	if err != nil {
-		if nf != nil {
-			_ = nf.release()
-		}
-		_ = os.Remove(tmp)
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(f.real)); err == nil {
-		_ = d.Sync() // make the rename durable
-		_ = d.Close()
-	}
-	oldDB, oldFile := f.db, f.file
-	f.db, f.file, f.id = nf.db, nf.file, nf.id
-	f.seenTx.Store(0)
-	if err := releaseDB(oldDB, oldFile, f.broken.Load()); err != nil {
-		return fmt.Errorf("%w: closing the journal after compacting it: %w", ErrJournalWrite, err)
-	}
-	return nil
 }
 
 // open opens the bbolt file, waiting up to timeout for its lock, and
@@ -526,124 +454,4 @@ func (f *boltFile) view(fn func(*bolt.Tx) error) error {
 		}
 		return err
 	})
-}
-
-// noteDrop records that tx drops a request, whose bytes stay in the pages
-// tx frees until a scrub overwrites them.
-func (f *boltFile) noteDrop(tx *bolt.Tx) {
-	id := uint64(tx.ID())
-	for {
-		old := f.dropped.Load()
-		if old >= id || f.dropped.CompareAndSwap(old, id) {
-			break
-		}
-	}
-	if f.kick != nil {
-		f.kick()
-	}
-}
-
-// scrubDue reports whether some transaction dropped a request since the
-// last scrub.
-func (f *boltFile) scrubDue() bool { return f.dropped.Load() > f.scrubbedTo.Load() }
-
-// scrub overwrites with zeros every free page not zeroed since it was
-// freed. It runs inside a write transaction, so no page it zeroes is
-// allocated meanwhile, and holds off readers, so none of them still reads
-// one. The zeros reach the disk with tx's commit. Pages freed by tx itself
-// are freed when it commits: the next scrub zeroes them.
-func (f *boltFile) scrub(tx *bolt.Tx) error {
-	f.readers.Lock()
-	defer f.readers.Unlock()
-	ps := tx.DB().Info().PageSize
-	hwm := int(tx.Size() / int64(ps)) // pages in use or free; beyond is unused
-	if len(f.scrubbed) < hwm {
-		f.scrubbed = append(f.scrubbed, make([]bool, hwm-len(f.scrubbed))...)
-	}
-	zeros := make([]byte, 64*ps)
-	run, runLen := 0, 0 // a run of free pages to zero with one write
-	flush := func() error {
-		for runLen > 0 {
-			n := min(runLen, 64)
-			if _, err := f.file.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
-				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
-			}
-			run, runLen = run+n, runLen-n
-		}
-		return nil
-	}
-	for id := 2; id < hwm; id++ {
-		info, err := tx.Page(id)
-		if err != nil {
-			return err
-		}
-		free := info != nil && info.Type == "free"
-		if !free || f.scrubbed[id] {
-			f.scrubbed[id] = free
-			if err := flush(); err != nil {
-				return err
-			}
-			continue
-		}
-		f.scrubbed[id] = true
-		if runLen == 0 {
-			run = id
-		}
-		runLen++
-	}
-	if err := flush(); err != nil {
-		return err
-	}
-	// Pages freed by transactions before tx are free now (no reader holds
-	// them: readers are held off), and zeroed.
-	to := uint64(tx.ID()) - 1
-	for {
-		old := f.scrubbedTo.Load()
-		if old >= to || f.scrubbedTo.CompareAndSwap(old, to) {
-			return nil
-		}
-	}
-}
-
-// scrubber runs scrubs while the store is open: at most delay after a
-// commit that dropped a request, and again while a scrub leaves one due.
-func (s *BoltStore) scrubber(delay time.Duration) {
-	defer close(s.scrubDone)
-	t := time.NewTimer(delay)
-	t.Stop()
-	armed := false
-	for {
-		select {
-		case <-s.scrubStop:
-			t.Stop()
-			return
-		case <-s.scrubKick:
-			if !armed {
-				t.Reset(delay)
-				armed = true
-			}
-		case <-t.C:
-			armed = false
-			if !s.f.scrubDue() {
-				continue
-			}
-			err := s.w.Do(context.Background(), s.f.scrub)
-			if err != nil && !errors.Is(err, groupcommit.ErrClosed) {
-				s.log.Warn("idem: scrubbing free journal pages", "err", err)
-			}
-			if s.f.scrubDue() {
-				t.Reset(delay)
-				armed = true
-			}
-		}
-	}
-}
-
-// kickScrub asks the scrubber for a scrub after its delay. It never
-// blocks.
-func (s *BoltStore) kickScrub() {
-	select {
-	case s.scrubKick <- struct{}{}:
-	default:
-	}
 }
