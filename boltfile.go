@@ -2,7 +2,6 @@ package idem
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,15 +15,17 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/groupcommit"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
 
 // This file holds the bbolt file handling of BoltStore: opening and
-// checking the file, the format marker, turning bbolt's faults into idem's
-// sentinels, the check that the file still has its name, and scrubbing the
-// free pages. boltstore.go holds the KeyStore methods.
+// locking the file (the one at the path), the format marker, turning
+// bbolt's faults into idem's sentinels, the checks that the file still has
+// its name and has not gone back to an older copy. boltcompact.go compacts
+// it at Open, boltscrub.go scrubs its free pages, boltcheck.go checks its
+// records, boltstore.go holds the KeyStore methods, boltrecord.go the
+// records, boltwalk.go the walks.
 
 // BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
 // means the default.
@@ -60,6 +61,16 @@ type BoltOptions struct {
 	// perWrite makes every change its own bbolt Update, without group
 	// commit. It exists for the benchmarks' baseline.
 	perWrite bool
+	// SkipCheck opens a journal without Open's check of its pending
+	// records and name mappings, for tools that read what they can of a
+	// damaged journal (the idem command's ls, pending, show and stats,
+	// with BoltStore.Salvage). An application must not set it: the check
+	// is what keeps it from trusting a damaged journal.
+	SkipCheck bool
+
+	// beforeCompact runs when Open has decided to compact the journal,
+	// with its lock held. It exists for tests.
+	beforeCompact func()
 }
 
 // Defaults of BoltOptions.
@@ -90,7 +101,9 @@ const opsFill = 0.9
 
 // boltFile is the bbolt file of a BoltStore and what guards it.
 type boltFile struct {
-	path     string
+	path     string // the journal's path, as given (perhaps a symbolic link)
+	real     string // the file it names, links resolved: what is opened and compacted
+	timeout  time.Duration
 	modified time.Time // the file's modification time when it was opened
 	db       *bolt.DB
 	file     *os.File    // bbolt's file handle, to release a broken journal
@@ -108,13 +121,20 @@ type boltFile struct {
 	dropped, scrubbedTo atomic.Uint64
 	// kick, if set, is called when a transaction drops a request.
 	kick func()
+	// seenTx is the highest bbolt transaction ID this handle has seen
+	// committed. IDs only grow: a lower one means the file was overwritten
+	// in place with an older copy.
+	seenTx atomic.Uint64
+	// beforeCompact, if set, runs when Open has decided to compact, with
+	// the journal's lock held (a test hook).
+	beforeCompact func()
 }
 
 // openFile opens, or creates, the bbolt file at path and checks its
 // format. Only a missing file creates a journal: an existing empty or short
 // file is a lost journal (ErrJournalCorrupt).
-func openFile(path string, timeout time.Duration) (*boltFile, error) {
-	f := &boltFile{path: path}
+func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
+	f := &boltFile{path: path, real: path, timeout: timeout, beforeCompact: beforeCompact}
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
 	}
@@ -143,75 +163,46 @@ func openFile(path string, timeout time.Duration) (*boltFile, error) {
 		_ = f.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
-	if compacted, err := f.compactIfMostlyFree(); err != nil {
+	if err := f.compactIfMostlyFree(); err != nil {
 		_ = f.release()
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	} else if compacted {
-		if err := f.open(timeout); err != nil {
-			return nil, fmt.Errorf("open journal %s after compacting it: %w", path, err)
-		}
 	}
 	return f, nil
 }
 
-// Compaction at Open: a journal of at least compactMinSize bytes of which
-// more than compactFreeRatio is free pages (after a burst of traffic that
-// retention has since swept) is rewritten into a new file that replaces it.
-const (
-	compactMinSize   = 16 << 20
-	compactFreeRatio = 0.5
-)
-
-// compactIfMostlyFree rewrites a mostly free journal into a new file,
-// renames that over the journal and reports whether it did; f is then
-// released and must be opened again. A crash leaves either the old file
-// or the complete new one under the journal's name (and perhaps a
-// leftover ".compact" file, removed by the next compaction).
-func (f *boltFile) compactIfMostlyFree() (bool, error) {
-	st := f.db.Stats()
-	ps := int64(f.db.Info().PageSize)
-	size := f.id.Size()
-	if size < compactMinSize || float64(int64(st.FreePageN+st.PendingPageN)*ps) <= compactFreeRatio*float64(size) {
-		return false, nil
-	}
-	tmp := f.path + ".compact"
-	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return false, fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-	}
-	err = f.guarded(func() error { return bolt.Compact(dst, f.db, 16<<20) })
-	if err == nil {
-		if err = dst.Sync(); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+// open opens the bbolt file, waiting up to timeout for its lock, and
+// makes sure that the file it locked is still the one at the journal's
+// path: another opener may have replaced it (compacted it) while this one
+// waited. It then tries again with the file now at the path, within the
+// same timeout.
+func (f *boltFile) open(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if r, err := filepath.EvalSymlinks(f.path); err == nil {
+			f.real = r
 		}
-	}
-	if cerr := dst.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, cerr)
-	}
-	if err == nil {
-		if err = os.Rename(tmp, f.path); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
+		if err := f.openLocked(max(time.Until(deadline), time.Millisecond)); err != nil {
+			return err
 		}
+		fi, err := os.Stat(f.path)
+		if err == nil && os.SameFile(fi, f.id) {
+			return nil
+		}
+		_ = f.release()
+		if err == nil && time.Now().Before(deadline) {
+			continue // replaced while this opener waited: lock the new file
+		}
+		if err == nil {
+			return fmt.Errorf("%w: the journal file was replaced while this opener waited for its lock, and the new one stayed locked", ErrJournalLocked)
+		}
+		return fmt.Errorf("%w: the journal file was removed while this opener waited for its lock: %w", ErrJournalWrite, err)
 	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return false, err
-	}
-	if d, err := os.Open(filepath.Dir(f.path)); err == nil {
-		_ = d.Sync() // make the rename durable
-		_ = d.Close()
-	}
-	if err := f.release(); err != nil {
-		return true, fmt.Errorf("%w: closing the journal before compacting: %w", ErrJournalWrite, err)
-	}
-	return true, nil
 }
 
-// open opens the bbolt file and maps its errors to idem's sentinels. A
-// damaged file can make bbolt panic or fault on its memory map; both are
-// turned into ErrJournalCorrupt.
-func (f *boltFile) open(timeout time.Duration) (err error) {
+// openLocked opens f.real with bbolt and maps its errors to idem's
+// sentinels. A damaged file can make bbolt panic or fault on its memory
+// map; both are turned into ErrJournalCorrupt.
+func (f *boltFile) openLocked(timeout time.Duration) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
@@ -221,7 +212,8 @@ func (f *boltFile) open(timeout time.Duration) (err error) {
 			f.db, err = nil, fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
 		}
 	}()
-	f.db, err = bolt.Open(f.path, 0o600, &bolt.Options{
+	f.file = nil
+	f.db, err = bolt.Open(f.real, 0o600, &bolt.Options{
 		Timeout:      timeout,
 		FreelistType: bolt.FreelistMapType,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
@@ -340,11 +332,13 @@ func checkFormat(got []byte) error {
 // release closes the bbolt file. After bbolt panicked its locks may be
 // held, so DB.Close would block forever: then only the file is closed,
 // which releases the lock on it, and the memory map is left behind.
-func (f *boltFile) release() error {
-	if f.broken.Load() {
-		return f.file.Close()
+func (f *boltFile) release() error { return releaseDB(f.db, f.file, f.broken.Load()) }
+
+func releaseDB(db *bolt.DB, file *os.File, broken bool) error {
+	if broken {
+		return file.Close()
 	}
-	return f.db.Close()
+	return db.Close()
 }
 
 // corrupt turns the value bbolt panicked with (a damaged page) into an
@@ -352,7 +346,7 @@ func (f *boltFile) release() error {
 // access.
 func (f *boltFile) corrupt(p any) error {
 	f.broken.Store(true)
-	return fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
+	return fmt.Errorf("%w: a page of the journal file is damaged (bbolt: %v)", ErrJournalCorrupt, p)
 }
 
 // guarded runs fn with a fault or panic inside bbolt turned into
@@ -392,10 +386,23 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 			return err
 		}
 		var fnErr error
+		var id uint64
+		// floor is read before the transaction begins: any transaction
+		// that begins later has a higher ID, unless the file went back.
+		floor := f.seenTx.Load()
 		err := f.db.Update(func(tx *bolt.Tx) error {
+			// A writable transaction's ID is the last committed one plus
+			// one: it must be above every ID this handle had seen.
+			if id = uint64(tx.ID()); id <= floor {
+				fnErr = f.wentBack(id-1, floor)
+				return fnErr
+			}
 			fnErr = fn(tx)
 			return fnErr
 		})
+		if err == nil {
+			f.sawTx(id)
+		}
 		if err != nil && fnErr == nil {
 			if errors.Is(err, syscall.EFBIG) {
 				// bbolt asked for pages far beyond the file: a damaged
@@ -408,135 +415,43 @@ func (f *boltFile) update(fn func(*bolt.Tx) error) error {
 	})
 }
 
+// sawTx records that transaction id was committed.
+func (f *boltFile) sawTx(id uint64) {
+	for {
+		old := f.seenTx.Load()
+		if id <= old || f.seenTx.CompareAndSwap(old, id) {
+			return
+		}
+	}
+}
+
+// wentBack returns the error for a file whose last transaction, id, is
+// older than one this handle saw (seen): it was overwritten in place with an
+// older copy (a restored backup), which has lost what was committed
+// since. The store refuses all further access.
+func (f *boltFile) wentBack(id, seen uint64) error {
+	f.broken.Store(true)
+	return fmt.Errorf("%w: journal file %s was overwritten with an older copy while open (its last transaction is %d, this process saw %d): "+
+		"changes made since are lost; keep both files and reconcile the pending operations by their keys", ErrJournalCorrupt, f.path, id, seen)
+}
+
 // view runs fn in a read transaction, guarded.
 func (f *boltFile) view(fn func(*bolt.Tx) error) error {
 	return f.guarded(func() error {
 		f.readers.RLock()
 		defer f.readers.RUnlock()
-		err := f.db.View(fn)
+		floor := f.seenTx.Load() // before the transaction begins, as in update
+		err := f.db.View(func(tx *bolt.Tx) error {
+			id := uint64(tx.ID())
+			if id < floor {
+				return f.wentBack(id, floor)
+			}
+			f.sawTx(id)
+			return fn(tx)
+		})
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			return ErrClosed
 		}
 		return err
 	})
-}
-
-// noteDrop records that tx drops a request, whose bytes stay in the pages
-// tx frees until a scrub overwrites them.
-func (f *boltFile) noteDrop(tx *bolt.Tx) {
-	id := uint64(tx.ID())
-	for {
-		old := f.dropped.Load()
-		if old >= id || f.dropped.CompareAndSwap(old, id) {
-			break
-		}
-	}
-	if f.kick != nil {
-		f.kick()
-	}
-}
-
-// scrubDue reports whether some transaction dropped a request since the
-// last scrub.
-func (f *boltFile) scrubDue() bool { return f.dropped.Load() > f.scrubbedTo.Load() }
-
-// scrub overwrites with zeros every free page not zeroed since it was
-// freed. It runs inside a write transaction, so no page it zeroes is
-// allocated meanwhile, and holds off readers, so none of them still reads
-// one. The zeros reach the disk with tx's commit. Pages freed by tx itself
-// are freed when it commits: the next scrub zeroes them.
-func (f *boltFile) scrub(tx *bolt.Tx) error {
-	f.readers.Lock()
-	defer f.readers.Unlock()
-	ps := tx.DB().Info().PageSize
-	hwm := int(tx.Size() / int64(ps)) // pages in use or free; beyond is unused
-	if len(f.scrubbed) < hwm {
-		f.scrubbed = append(f.scrubbed, make([]bool, hwm-len(f.scrubbed))...)
-	}
-	zeros := make([]byte, 64*ps)
-	run, runLen := 0, 0 // a run of free pages to zero with one write
-	flush := func() error {
-		for runLen > 0 {
-			n := min(runLen, 64)
-			if _, err := f.file.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
-				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
-			}
-			run, runLen = run+n, runLen-n
-		}
-		return nil
-	}
-	for id := 2; id < hwm; id++ {
-		info, err := tx.Page(id)
-		if err != nil {
-			return err
-		}
-		free := info != nil && info.Type == "free"
-		if !free || f.scrubbed[id] {
-			f.scrubbed[id] = free
-			if err := flush(); err != nil {
-				return err
-			}
-			continue
-		}
-		f.scrubbed[id] = true
-		if runLen == 0 {
-			run = id
-		}
-		runLen++
-	}
-	if err := flush(); err != nil {
-		return err
-	}
-	// Pages freed by transactions before tx are free now (no reader holds
-	// them: readers are held off), and zeroed.
-	to := uint64(tx.ID()) - 1
-	for {
-		old := f.scrubbedTo.Load()
-		if old >= to || f.scrubbedTo.CompareAndSwap(old, to) {
-			return nil
-		}
-	}
-}
-
-// scrubber runs scrubs while the store is open: at most delay after a
-// commit that dropped a request, and again while a scrub leaves one due.
-func (s *BoltStore) scrubber(delay time.Duration) {
-	defer close(s.scrubDone)
-	t := time.NewTimer(delay)
-	t.Stop()
-	armed := false
-	for {
-		select {
-		case <-s.scrubStop:
-			t.Stop()
-			return
-		case <-s.scrubKick:
-			if !armed {
-				t.Reset(delay)
-				armed = true
-			}
-		case <-t.C:
-			armed = false
-			if !s.f.scrubDue() {
-				continue
-			}
-			err := s.w.Do(context.Background(), s.f.scrub)
-			if err != nil && !errors.Is(err, groupcommit.ErrClosed) {
-				s.log.Warn("idem: scrubbing free journal pages", "err", err)
-			}
-			if s.f.scrubDue() {
-				t.Reset(delay)
-				armed = true
-			}
-		}
-	}
-}
-
-// kickScrub asks the scrubber for a scrub after its delay. It never
-// blocks.
-func (s *BoltStore) kickScrub() {
-	select {
-	case s.scrubKick <- struct{}{}:
-	default:
-	}
 }

@@ -70,6 +70,9 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 // waited for until ctx ends. mk is the call's match key (see recentCalls)
 // and matched says that op.Key was taken from the recent call it names.
 func (j *journal) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) (*operation, error) {
+	if j.refused != nil {
+		return nil, &Error{Name: op.Name, Cause: ErrPolicyConflict, Err: j.refused}
+	}
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
@@ -126,6 +129,7 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 // its own handler does not, so the caller's resend after a Resume gets the
 // server's stored answer under the same key.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
+	j.stamp(op)
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if err != nil {
 		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
@@ -154,7 +158,10 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)
 	}
-	now := time.Now()
+	if rec.State == StateExpired { // final: never sent again, by name or key
+		return fail(ErrExpired, errExpiredFinal)
+	}
+	now := j.now()
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
@@ -272,7 +279,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
@@ -307,7 +314,7 @@ func (o *operation) settle(v verdict, status int) {
 			state = StateSucceeded
 		}
 		o.settledAs = state
-		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
+		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
 			// The journal still holds the operation as pending: no Settled.
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
@@ -338,7 +345,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 			text = cause.Error()
 		}
 		o.recordAttempt(status, text)
-		now := time.Now()
+		now := o.j.now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
 		}
@@ -375,7 +382,7 @@ func (o *operation) stop(cause, err error) error {
 		return e
 	}
 	e.State = StateFailed
-	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error()}
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), At: o.j.now()}
 	if o.resend {
 		e.State = o.prior
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError

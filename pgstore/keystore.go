@@ -158,14 +158,6 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err := idem.CheckKey(op.Key); err != nil {
 		return idem.Operation{}, false, err
 	}
-	now := s.now()
-	if op.Created.IsZero() {
-		op.Created = now
-	}
-	op.Updated = now
-	if op.State == 0 {
-		op.State = idem.StatePending
-	}
 	header, err := encodeHeader(op.Header)
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
@@ -217,7 +209,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
 	var r row
-	err = s.pool.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(s.now()), h, body, nanos(l.At)).Scan(r.dest()...)
+	err = s.pool.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, body, nanos(l.At)).Scan(r.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Operation{}, s.whyNot(ctx, "acquire", key, idem.ErrInProgress)
 	}
@@ -285,7 +277,7 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 		return err
 	}
 	return s.mark(mark{what: "attempt", key: key, sql: s.q.attempt,
-		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(s.now())}})
+		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At)}})
 }
 
 // Finish implements idem.KeyStore. The change is committed as Attempt's
@@ -298,7 +290,7 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
 	return s.mark(mark{what: "finish", key: key, sql: s.q.finish,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(s.now())}})
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At)}})
 }
 
 // Pending implements idem.KeyStore.

@@ -75,7 +75,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,7 +107,6 @@ type Store struct {
 	ownPool    bool // Open made the pool, so Close closes it
 	schema     string
 	q          queries
-	now        func() time.Time
 	marks      *marks
 	markGroups *markGroups
 	reserver   *reserver
@@ -151,7 +149,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 		return nil, err
 	}
 	q := newQueries(c.schema)
-	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
+	return &Store{pool: pool, schema: c.schema, q: q, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
 }
 
 // Close makes every accepted change durable, releases the store, and
