@@ -127,6 +127,9 @@ var errMatchSettled = errors.New("idem: the matched operation has a definite ans
 // case that the wait ends first.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
 	rec, created, err := j.store.Reserve(ctx, *op)
+	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
+		return nil, nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
+	}
 	if err != nil {
 		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: err}
 	}
@@ -157,6 +160,9 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
 	}
+	if errors.Is(err, ErrOutcomeUnknown) { // it may be pending under this lease now
+		rec.State = StatePending
+	}
 	if err != nil {
 		return fail(journalCause(err), err)
 	}
@@ -179,7 +185,7 @@ func (j *journal) claimed(rec Operation) *operation {
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
 func journalCause(err error) error {
-	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
+	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrOutcomeUnknown, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
 		if errors.Is(err, s) {
 			return s
 		}

@@ -36,26 +36,34 @@ func (s *Store) check(ctx context.Context) error {
 	return nil
 }
 
-// ready is check for every method but Attempt and Finish: it also writes
-// the marks waiting to be written again first, so that reads see them and
-// later changes apply after them. When they cannot be written, neither
-// can this call's change: it fails with idem.ErrJournalWrite.
+// ready is check for every method but Attempt and Finish: it also waits,
+// within ctx, for the accepted marks still waiting to be written, so that
+// reads see them and later changes apply after them. When they cannot be
+// written in time, neither can this call's change: it fails with
+// idem.ErrJournalWrite.
 func (s *Store) ready(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if s.marks.waiting() {
-		if err := s.marks.flush(ctx); err != nil {
-			return fmt.Errorf("pgstore: writing accepted changes: %w: %w", idem.ErrJournalWrite, err)
-		}
-	}
-	return nil
+	return s.marks.ready(ctx)
 }
 
-// dbError wraps an error from PostgreSQL: the journal could not be
-// reached or could not take the change.
-func dbError(what, key string, err error) error {
-	return fmt.Errorf("pgstore: %s %s: %w: %w", what, key, idem.ErrJournalWrite, err)
+// bind returns ctx, also cancelled when Close gives up on PostgreSQL, and
+// with a deadline bound from now unless ctx ends sooner (bound 0: none).
+// Every statement runs under such a context, so no call outlives Close's
+// bound, whatever the context it was given.
+func (s *Store) bind(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if bound > 0 {
+		ctx, cancel = context.WithTimeout(ctx, bound)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	stop := context.AfterFunc(s.base, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // nanos and fromNanos convert times to the Unix nanoseconds of a row, 0
@@ -98,12 +106,14 @@ type row struct {
 	lastStatus                               int32
 	created, updated, leaseUntil             int64
 	redacted, unreplayable                   bool
+	incarnation                              string
+	reserveID                                int64
 }
 
 func (r *row) dest() []any {
 	return []any{&r.key, &r.name, &r.version, &r.method, &r.url, &r.host, &r.fingerprint, &r.state,
 		&r.attempts, &r.lastStatus, &r.lastError, &r.created, &r.updated, &r.owner,
-		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body}
+		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID}
 }
 
 // operation checks the row and returns it as an Operation. A row it cannot
@@ -152,6 +162,8 @@ func (r *row) operation() (idem.Operation, error) {
 // Reservations made at the same moment share a round trip and a commit
 // (see reserver).
 func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
+	ctx, cancel := s.bind(ctx, reserveTimeout)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
@@ -170,37 +182,73 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
 	}
+	id := s.reserveIDs.Add(1)
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
-		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
-		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body}
-	res := s.reserver.do(ctx, op, args)
+		int64(op.Attempts), int32(op.LastStatus), cleanText(op.LastError), nanos(op.Created), nanos(op.Updated), op.Owner,
+		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id}
+	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
-		return s.reserveOne(ctx, op, args)
+		return s.reserveOne(ctx, op, id, args, res.doubt)
 	}
 	return res.rec, res.created, res.err
 }
 
-// reserveOne is Reserve's statement, run on its own.
-func (s *Store) reserveOne(ctx context.Context, op idem.Operation, args []any) (idem.Operation, bool, error) {
-	for range reserveTries {
+// reserveOne is Reserve's statement, run on its own. doubt says that an
+// earlier try may have committed the row. A try whose answer was lost is
+// made again: it finds the row if the lost one committed it. When no try
+// answers, the error matches idem.ErrOutcomeUnknown if one may have been
+// carried out, and idem.ErrJournalWrite if none was.
+func (s *Store) reserveOne(ctx context.Context, op idem.Operation, id int64, args []any, doubt bool) (idem.Operation, bool, error) {
+	last := errors.New("the conflicting row kept changing")
+	for try := range reserveTries {
+		if try > 0 && doubt && !sleep(ctx, time.Duration(try)*markRetryMin) {
+			break
+		}
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			last = err // nothing sent
+			break
+		}
 		var r row
 		var created bool
-		err := s.pool.QueryRow(ctx, s.q.reserve, args...).Scan(append(r.dest(), &created)...)
+		err = conn.QueryRow(ctx, s.q.reserve, args...).Scan(append(r.dest(), &created)...)
+		conn.Release()
 		switch {
+		case err == nil:
+			return s.reserved(op, id, &r, created)
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // lost a race to a row committed after the snapshot
-		case err != nil:
-			return idem.Operation{}, false, dbError("reserve", op.Key, err)
+		case maybeSent(err):
+			doubt, last = true, err
+			continue
 		}
-		return reserved(op, &r, created)
+		last = err
+		break
 	}
-	return idem.Operation{}, false, dbError("reserve", op.Key, errors.New("the conflicting row kept changing"))
+	if doubt {
+		return idem.Operation{}, false, unknownError("reserve", op.Key, last)
+	}
+	return idem.Operation{}, false, dbError("reserve", op.Key, last)
 }
 
-// reserved returns Reserve's result for op from the row its statement
-// returned.
-func reserved(op idem.Operation, r *row, created bool) (idem.Operation, bool, error) {
-	if created {
+// sleep waits d, or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reserved returns Reserve's result for op, the reservation numbered id,
+// from the row its statement returned. A row that this store wrote for
+// this very reservation (its incarnation and id) is the row of an earlier
+// try whose answer was lost: it is reported created.
+func (s *Store) reserved(op idem.Operation, id int64, r *row, created bool) (idem.Operation, bool, error) {
+	if created || r.reserveID == id && r.incarnation == s.incarnation && r.key == op.Key {
 		return op, true, nil // shares op.Header and op.Body, as the contract allows
 	}
 	rec, err := r.operation()
@@ -208,7 +256,11 @@ func reserved(op idem.Operation, r *row, created bool) (idem.Operation, bool, er
 }
 
 // Acquire implements idem.KeyStore.
+// An Acquire whose answer was lost returns an error matching
+// idem.ErrOutcomeUnknown: the record may be pending under l now.
 func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header http.Header, body []byte) (idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, reserveTimeout)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
@@ -216,12 +268,19 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 	if err != nil {
 		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
-	var r row
-	err = s.pool.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(s.now()), h, body, nanos(l.At)).Scan(r.dest()...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Operation{}, s.whyNot(ctx, "acquire", key, idem.ErrInProgress)
-	}
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
+		return idem.Operation{}, dbError("acquire", key, err)
+	}
+	var r row
+	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(s.now()), h, body, nanos(l.At), s.incarnation).Scan(r.dest()...)
+	conn.Release()
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return idem.Operation{}, s.whyNot(ctx, "acquire", key, idem.ErrInProgress)
+	case maybeSent(err):
+		return idem.Operation{}, unknownError("acquire", key, err)
+	case err != nil:
 		return idem.Operation{}, dbError("acquire", key, err)
 	}
 	return r.operation()
@@ -231,9 +290,9 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 // (idem.ErrNotFound), or refused, naming the state or the holder.
 func (s *Store) whyNot(ctx context.Context, what, key string, refused error) error {
 	var state int16
-	var owner string
+	var owner, inc string
 	var until int64
-	err := s.pool.QueryRow(ctx, s.q.leaseOf, key).Scan(&state, &owner, &until)
+	err := s.pool.QueryRow(ctx, s.q.leaseOf, key).Scan(&state, &owner, &until, &inc)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("pgstore: %s %s: %w", what, key, idem.ErrNotFound)
@@ -242,15 +301,29 @@ func (s *Store) whyNot(ctx context.Context, what, key string, refused error) err
 	case idem.State(state) != idem.StatePending:
 		return fmt.Errorf("pgstore: %s %s: operation is %s: %w", what, key, idem.State(state), refused)
 	}
-	return fmt.Errorf("pgstore: %s %s: leased to %q until %s: %w", what, key, owner, fromNanos(until).Format(time.RFC3339Nano), refused)
+	if owner == "" || inc != s.incarnation {
+		inc = "another incarnation"
+	} else {
+		inc = "this store"
+	}
+	return fmt.Errorf("pgstore: %s %s: leased to %q (%s) until %s: %w", what, key, owner, inc, fromNanos(until).Format(time.RFC3339Nano), refused)
 }
 
-// Renew implements idem.KeyStore.
+// renewBound bounds a Renew that releases a lease (l.Until at l.At), and
+// is the least bound of one that extends it.
+const renewBound = 5 * time.Second
+
+// Renew implements idem.KeyStore. It gives up, with an error, within a
+// third of the lease it asks for (and within renewBound of a release),
+// so that a renewal that cannot be made never runs into the next one or
+// past the lease, whatever ctx's deadline.
 func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
+	ctx, cancel := s.bind(ctx, max(l.Until.Sub(l.At)/3, renewBound))
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until))
+	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until), s.incarnation)
 	if err != nil {
 		return dbError("renew", key, err)
 	}
@@ -262,6 +335,8 @@ func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
 
 // Get implements idem.KeyStore.
 func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
@@ -276,20 +351,27 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 	return r.operation()
 }
 
-// Attempt implements idem.KeyStore. The change is committed
-// asynchronously (see the package documentation); if PostgreSQL cannot
-// take it now, it is kept and written again until it is, and Attempt still
-// returns nil: the change is accepted.
+// Attempt implements idem.KeyStore. It returns once PostgreSQL took the
+// change, committed asynchronously (see the package documentation), or,
+// if it could not within ctx or 2 seconds, once the change is queued in
+// this process: it is then written in the background, and a crash of
+// this process before that loses it. Its error text is stored as valid
+// UTF-8 of at most 2 KiB.
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.mark(mark{what: "attempt", key: key, sql: s.q.attempt,
-		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(s.now())}})
+	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
+		args: []any{key, int64(a.Sent), int32(a.Status), cleanText(a.Err), nanos(s.now())}})
 }
 
-// Finish implements idem.KeyStore. The change is committed as Attempt's
-// is.
+// Finish implements idem.KeyStore, with Attempt's durability: when it
+// returns nil the outcome is committed (asynchronously) or, if PostgreSQL
+// did not take it within ctx or 2 seconds, held in this process's memory
+// and written as soon as PostgreSQL takes it. A crash of this process in
+// that time loses the outcome: the operation is still pending, and
+// Resume, on any replica, sends it again under its key, so the provider
+// replays its answer; the caller's response was delivered already.
 func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
@@ -297,12 +379,14 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
-	return s.mark(mark{what: "finish", key: key, sql: s.q.finish,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(s.now())}})
+	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(s.now())}})
 }
 
 // Pending implements idem.KeyStore.
 func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -312,10 +396,12 @@ func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Op
 // Claim implements idem.KeyStore. It is one statement: a select of the
 // claimable rows FOR UPDATE SKIP LOCKED and an update of their lease.
 func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int) ([]idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
-	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until))
+	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until), s.incarnation)
 	// UPDATE ... RETURNING returns rows in no particular order.
 	slices.SortFunc(ops, func(a, b idem.Operation) int { return strings.Compare(a.Key, b.Key) })
 	return ops, err
@@ -359,6 +445,8 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 
 // Sweep implements idem.KeyStore.
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return 0, err
 	}
@@ -374,6 +462,8 @@ func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 // empty journal. A Client reads it when it opens the store, so that a clock
 // set ahead does not sweep records away (see idem.KeyStore).
 func (s *Store) LastChange(ctx context.Context) (time.Time, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return time.Time{}, err
 	}

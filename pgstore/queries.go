@@ -11,7 +11,7 @@ import (
 var columns = []string{
 	"key", "name", "version", "method", "url", "host", "fingerprint", "state",
 	"attempts", "last_status", "last_error", "created", "updated", "owner",
-	"lease_until", "redacted", "unreplayable", "header", "body",
+	"lease_until", "redacted", "unreplayable", "header", "body", "incarnation", "reserve_id",
 }
 
 // queries holds the store's SQL with its schema's table name filled in.
@@ -67,23 +67,25 @@ func newQueries(schema string) queries {
 		 LIMIT 1)`),
 
 		// Acquire: $2 owner, $3 lease until, $4 updated, $5 header, $6
-		// body, $7 lease at. A finished row becomes pending with the given
-		// request; a row under another owner's live lease is left alone.
+		// body, $7 lease at, $8 incarnation. A finished row becomes pending
+		// with the given request; a row under another holder's live lease
+		// (another owner, or the same owner name in another incarnation)
+		// is left alone.
 		acquire: r.Replace(`UPDATE {ops} SET
-			owner = $2, lease_until = $3, updated = $4,
+			owner = $2, lease_until = $3, updated = $4, incarnation = $8,
 			header = CASE WHEN state = 1 THEN header ELSE $5 END,
 			body = CASE WHEN state = 1 THEN body ELSE $6 END,
 			state = 1
-		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND owner <> $2 AND lease_until > $7)
+		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND NOT (owner = $2 AND incarnation = $8) AND lease_until > $7)
 		RETURNING {cols}`),
 
-		// Renew: $2 owner, $3 lease until. Only the owner may renew, and
-		// only while the row is pending. Leases do not count as changes of
+		// Renew: $2 owner, $3 lease until, $4 incarnation. Only the holder
+		// may renew, and only while the row is pending. Leases do not count as changes of
 		// the record: Updated stays (Resume reads it as the record's age).
-		renew: r.Replace(`UPDATE {ops} SET lease_until = $3 WHERE key = $1 AND state = 1 AND owner = $2`),
+		renew: r.Replace(`UPDATE {ops} SET lease_until = $3 WHERE key = $1 AND state = 1 AND owner = $2 AND incarnation = $4`),
 
 		// leaseOf explains why Acquire or Renew changed nothing.
-		leaseOf: r.Replace(`SELECT state, owner, lease_until FROM {ops} WHERE key = $1`),
+		leaseOf: r.Replace(`SELECT state, owner, lease_until, incarnation FROM {ops} WHERE key = $1`),
 
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
@@ -101,16 +103,20 @@ func newQueries(schema string) queries {
 		// Pending: $1 after, $2 limit (NULL: no limit).
 		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),
 
-		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until.
-		// Updated stays, as in Renew. Rows another Claim has locked are skipped, not waited
-		// for; rows it has just leased fail the lease test when rechecked.
+		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until,
+		// $6 incarnation. It takes rows no one holds, rows whose lease
+		// lapsed, and rows this very store holds; never a live lease of
+		// the same owner name in another incarnation (a restarted process,
+		// or a zombie still running). Updated stays, as in Renew. Rows
+		// another Claim has locked are skipped, not waited for; rows it has
+		// just leased fail the lease test when rechecked.
 		claim: r.Replace(`WITH c AS (
 			SELECT key FROM {ops}
-			WHERE state = 1 AND key > $1 AND (owner = '' OR owner = $2 OR lease_until <= $3)
+			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= $3 OR (owner = $2 AND incarnation = $6))
 			ORDER BY key LIMIT $4
 			FOR UPDATE SKIP LOCKED
 		)
-		UPDATE {ops} o SET owner = $2, lease_until = $5
+		UPDATE {ops} o SET owner = $2, lease_until = $5, incarnation = $6
 		FROM c WHERE o.key = c.key
 		RETURNING {o.cols}`),
 

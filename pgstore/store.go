@@ -71,12 +71,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -92,6 +94,14 @@ type Option func(*config)
 
 type config struct {
 	schema string
+	log    *slog.Logger
+}
+
+// WithLogger sets the logger of what the store deals with on its own: a
+// mark PostgreSQL refused, repaired or dropped. Nil, the default, logs
+// nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.log = l }
 }
 
 // WithSchema keeps the store's tables in the PostgreSQL schema name instead
@@ -107,11 +117,19 @@ type Store struct {
 	pool       *pgxpool.Pool
 	ownPool    bool // Open made the pool, so Close closes it
 	schema     string
-	q          queries
-	now        func() time.Time
-	marks      *marks
-	markGroups *markGroups
-	reserver   *reserver
+	q        queries
+	now      func() time.Time
+	// incarnation names this Store in the leases it holds (see
+	// migrations/0003), and reserveIDs numbers its reservations.
+	incarnation string
+	reserveIDs  atomic.Int64
+	log      *slog.Logger
+	marks    *markWriter
+	reserver *reserver
+	// base is the context of every statement (see bind), cancelled when
+	// Close gives up on PostgreSQL.
+	base   context.Context
+	cancel context.CancelFunc
 
 	closed atomic.Bool
 }
@@ -150,36 +168,72 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
 		return nil, err
 	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
 	q := newQueries(c.schema)
-	return &Store{pool: pool, schema: c.schema, q: q, now: time.Now, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
+	base, cancel := context.WithCancel(context.Background())
+	s := &Store{pool: pool, schema: c.schema, q: q, now: time.Now, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
+		marks: newMarkWriter(pool, base, c.log)}
+	s.reserver = newReserver(s)
+	return s, nil
 }
 
+// closeTimeout bounds Close.
+const closeTimeout = 15 * time.Second
+
 // Close makes every accepted change durable, releases the store, and
-// closes the pool if Open made it. If PostgreSQL cannot take the changes
-// within a few seconds, Close returns an error matching
-// idem.ErrJournalWrite: those changes may be lost. Later calls of every
-// method, Close included, return an error matching idem.ErrClosed.
+// closes the pool if Open made it. It returns within 15 seconds whatever
+// PostgreSQL does: if PostgreSQL has not taken the changes by then, Close
+// cancels every statement of the store still running and returns an error
+// matching idem.ErrJournalWrite: those changes may be lost. Later calls
+// of every method, Close included, return an error matching
+// idem.ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
-	s.reserver.close()
-	s.markGroups.close()
-	err := s.marks.close()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	s.reserver.close(ctx)
+	err := s.marks.drain(ctx)
 	if err != nil {
-		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
-	} else if err = retry(closeFlushTimeout, s.barrier); err != nil {
+		err = fmt.Errorf("pgstore: close: %w", err)
+	} else if err = retry(ctx, s.barrier); err != nil {
 		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
 	}
+	s.cancel() // ends every statement still running, so their connections return to the pool
+	s.marks.close()
+	s.reserver.wait()
 	if s.ownPool {
 		s.pool.Close()
 	}
 	return err
 }
 
+// retry calls fn until it succeeds or ctx ends, waiting a growing delay
+// between calls, and returns its last error. A connection the server
+// closed while idle in the pool fails once and is dropped, so a few tries
+// get past a server restart.
+func retry(ctx context.Context, fn func(context.Context) error) error {
+	delay := markRetryMin
+	for {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if !sleep(ctx, delay) {
+			return err
+		}
+		delay = min(2*delay, markRetryMax)
+	}
+}
+
 // barrier returns once every change committed asynchronously is on disk:
 // it commits a transaction synchronously, which flushes the WAL before it.
 func (s *Store) barrier(ctx context.Context) error {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	_, err := s.pool.Exec(ctx, s.q.barrier)
 	return err
 }

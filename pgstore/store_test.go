@@ -34,6 +34,9 @@ func openStore(t *testing.T, opts ...pgstore.Option) *pgstore.Store {
 	return s
 }
 
+// allMigrations are the versions of the embedded migrations.
+var allMigrations = []int{1, 2, 3}
+
 func migrationVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) []int {
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema, "migrations"}.Sanitize()+` ORDER BY version`)
@@ -46,7 +49,7 @@ func migrationVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sc
 func TestOpenCreatesSchema(t *testing.T) {
 	s := openStore(t)
 	ctx := testContext(t)
-	assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, s.Pool(), s.Schema()))
+	assert.Equal(t, allMigrations, migrationVersions(t, ctx, s.Pool(), s.Schema()))
 	var n int
 	require.NoError(t, s.Pool().QueryRow(ctx,
 		`SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'operations'`, s.Schema()).Scan(&n))
@@ -71,7 +74,7 @@ func TestConcurrentOpen(t *testing.T) {
 		require.NoError(t, errs[i], "replica %d", i)
 		defer stores[i].Close()
 	}
-	assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, stores[0].Pool(), schema))
+	assert.Equal(t, allMigrations, migrationVersions(t, ctx, stores[0].Pool(), schema))
 }
 
 func TestReopenKeepsSchema(t *testing.T) {
@@ -81,7 +84,7 @@ func TestReopenKeepsSchema(t *testing.T) {
 	for range 2 {
 		s, err := pgstore.Open(ctx, dsn, pgstore.WithSchema(schema))
 		require.NoError(t, err)
-		assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, s.Pool(), schema))
+		assert.Equal(t, allMigrations, migrationVersions(t, ctx, s.Pool(), schema))
 		require.NoError(t, s.Close())
 	}
 }
