@@ -114,18 +114,18 @@ func WithSchema(name string) Option {
 // Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
 // many goroutines and by many processes sharing one database.
 type Store struct {
-	pool       *pgxpool.Pool
-	ownPool    bool // Open made the pool, so Close closes it
-	schema     string
-	q        queries
-	now      func() time.Time
+	pool    *pgxpool.Pool
+	ownPool bool // Open made the pool, so Close closes it
+	schema  string
+	q       queries
+	now     func() time.Time
 	// incarnation names this Store in the leases it holds (see
 	// migrations/0003), and reserveIDs numbers its reservations.
 	incarnation string
 	reserveIDs  atomic.Int64
-	log      *slog.Logger
-	marks    *markWriter
-	reserver *reserver
+	log         *slog.Logger
+	marks       *markWriter
+	reserver    *reserver
 	// base is the context of every statement (see bind), cancelled when
 	// Close gives up on PostgreSQL.
 	base   context.Context
