@@ -49,7 +49,6 @@ type BoltStore struct {
 	log    *slog.Logger
 	o      BoltOptions
 	closed atomic.Bool
-	now    func() time.Time
 
 	// owners are the lease owners seen since the file was opened. The file
 	// lock proves that no other process uses the journal, so a lease held
@@ -67,9 +66,14 @@ type BoltStore struct {
 	scrubDone chan struct{}
 }
 
-var _ KeyStore = (*BoltStore)(nil)
+var (
+	_ KeyStore    = (*BoltStore)(nil)
+	_ LastChanger = (*BoltStore)(nil)
+	_ Inspector   = (*BoltStore)(nil)
+	_ PolicyStore = (*BoltStore)(nil)
+)
 
-// LastChange returns when the journal file was last written before this
+// LastChange implements LastChanger: it returns when the journal file was last written before this
 // store opened it (its modification time), or the zero time for a new
 // journal. A Client uses it to bound how far it trusts its wall clock when
 // it sweeps.
@@ -99,7 +103,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	if opt.ScrubDelay == 0 {
 		opt.ScrubDelay = defaultScrubDelay
 	}
-	s := &BoltStore{o: opt, log: opt.Logger, now: time.Now, live: make(map[string]struct{})}
+	s := &BoltStore{o: opt, log: opt.Logger, live: make(map[string]struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -201,7 +205,6 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := CheckKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
-	newRecord(&op, s.now())
 	if op.State != StatePending {
 		op.Header, op.Body = nil, nil
 	}
@@ -307,7 +310,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 		return Operation{}, err
 	}
 	s.seen(l.Owner)
-	now := toNanos(s.now())
+	now := toNanos(l.At)
 	var op Operation
 	err := s.write(ctx, func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
@@ -394,8 +397,7 @@ func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
 	return op, nil
 }
 
-// Named returns the record for an operation name, or an error matching
-// ErrNotFound.
+// Named implements Inspector.
 func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return Operation{}, err
@@ -433,7 +435,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	if err := s.known(key, false); err != nil {
 		return fmt.Errorf("attempt: %w", err)
 	}
-	now := toNanos(s.now())
+	now := toNanos(a.At)
 	err := s.writeAsync(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -470,7 +472,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 	if err := s.known(key, true); err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
-	now := toNanos(s.now())
+	now := toNanos(o.At)
 	err := s.writeAsync(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {

@@ -965,7 +965,7 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	if got, err := s.Get(ctx, "a-big"); err != nil || got.Owner != "resumer" || !bytes.Equal(got.Body, big.Body) {
 		t.Fatalf("after Claim: owner %q body of %d bytes, %v", got.Owner, len(got.Body), err)
 	}
-	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateSucceeded, Status: 201, At: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Get(ctx, "a-big"); err != nil || got.Body != nil || got.State != idem.StateSucceeded {

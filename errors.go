@@ -37,6 +37,12 @@ var (
 	// ErrLeaseLost is returned by KeyStore.Renew when the operation is no
 	// longer pending under the caller's lease.
 	ErrLeaseLost = errors.New("idem: operation lease lost")
+	// ErrPolicyConflict is returned by Open, and by every keyed call and
+	// Resume of a Client made by New, when the application's policy is
+	// looser than what its journal's stored Policy allows (see
+	// PolicyStore): for example a resend window longer than the journal's
+	// retention keeps names. Nothing is sent.
+	ErrPolicyConflict = errors.New("idem: policy conflicts with the journal's")
 )
 
 // Errors about a request or operation. The transport returns them inside an

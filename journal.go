@@ -13,8 +13,12 @@ import (
 // process's name and lease, the in-flight registry and the index of recent
 // calls a resend may belong to. Transport and Resume share one.
 type journal struct {
-	store        KeyStore
-	owner        string
+	store     KeyStore
+	owner     string
+	keyHeader string // what Operation.KeyHeader records
+	// refused, if set, is why this Client may not use the journal (its
+	// policy conflicts with the journal's): every call fails with it.
+	refused      error
 	lease        time.Duration
 	resendWindow time.Duration
 	matchWindow  time.Duration
@@ -26,7 +30,14 @@ type journal struct {
 	calls  calls
 
 	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)
-	sweeps    sync.WaitGroup // sweeps running, for Close
+	sweeps    sync.WaitGroup // sweeps and clock measurements running, for Close
+
+	// clock is the store's clock, if it has one; offset is what to add to
+	// the local clock to read it (ns), measured at measured (local Unix ns).
+	clock     Clock
+	offset    atomic.Int64
+	measured  atomic.Int64
+	measuring atomic.Bool
 	// anchor is when the journal last changed before this Client opened
 	// it, if the store says, and opened is when that was read (with its
 	// monotonic reading).
@@ -38,16 +49,70 @@ type journal struct {
 	renewStopped bool
 }
 
-// lastChanger is implemented by stores that know when they last changed.
-type lastChanger interface {
-	LastChange(ctx context.Context) (time.Time, error)
+// clockRefresh is how often the offset to a store's Clock is measured
+// again, and clockTimeout bounds one measurement.
+const (
+	clockRefresh = 5 * time.Minute
+	clockTimeout = 5 * time.Second
+)
+
+// now returns the time the journal passes to its store: the local clock,
+// plus the offset to the store's Clock if it has one. A measurement older
+// than clockRefresh starts a new one in the background.
+func (j *journal) now() time.Time {
+	t := time.Now()
+	if j.clock == nil {
+		return t
+	}
+	if t.UnixNano()-j.measured.Load() >= int64(clockRefresh) && j.measuring.CompareAndSwap(false, true) {
+		j.sweeps.Add(1)
+		go func() {
+			defer j.sweeps.Done()
+			defer j.measuring.Store(false)
+			j.measureClock()
+		}()
+	}
+	return t.Add(time.Duration(j.offset.Load()))
 }
 
-// anchorClock reads the store's last change, which bounds how far the
-// sweeps of this Client trust the wall clock.
+// measureClock measures the offset between the local clock and the
+// store's, taking the store's reading as made in the middle of the call.
+// A failed measurement keeps the last offset.
+func (j *journal) measureClock() {
+	ctx, cancel := context.WithTimeout(context.Background(), clockTimeout)
+	defer cancel()
+	before := time.Now()
+	st, err := j.clock.Now(ctx)
+	after := time.Now()
+	j.measured.Store(after.UnixNano())
+	if err != nil {
+		if !errors.Is(err, ErrClosed) {
+			j.log.Warn("idem: reading the store's clock", "err", err)
+		}
+		return
+	}
+	j.offset.Store(int64(st.Sub(before.Add(after.Sub(before) / 2))))
+}
+
+// stamp fills in what the journal sets on a record it reserves: its
+// state, its times and its lease, from one reading of the clock.
+func (j *journal) stamp(op *Operation) {
+	now := j.now()
+	op.State, op.Created, op.Updated = StatePending, now, now
+	op.Owner, op.LeaseUntil = j.owner, now.Add(j.lease)
+	op.KeyHeader = j.keyHeader
+}
+
+// anchorClock measures the offset to the store's clock, if it has one,
+// and reads the store's last change, which bounds how far the sweeps of
+// this Client trust the clock.
 func (j *journal) anchorClock() {
+	if c, ok := j.store.(Clock); ok {
+		j.clock = c
+		j.measureClock()
+	}
 	j.opened = time.Now()
-	if lc, ok := j.store.(lastChanger); ok {
+	if lc, ok := j.store.(LastChanger); ok {
 		if t, err := lc.LastChange(context.Background()); err == nil {
 			j.anchor = t
 		}
@@ -86,7 +151,7 @@ func (j *journal) maybeSweep() {
 	j.sweeps.Add(1)
 	go func() {
 		defer j.sweeps.Done()
-		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(now))
+		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(j.now()))
 		switch {
 		case errors.Is(err, ErrClosed):
 		case err != nil:
@@ -151,8 +216,8 @@ func (j *journal) renewLeases() {
 	j.renewMu.Lock()
 	j.renewArmed.Store(false)
 	j.renewMu.Unlock()
-	now := time.Now()
-	keys, busy := j.flight.runningSince(now.Add(-j.lease / 3))
+	keys, busy := j.flight.runningSince(time.Now().Add(-j.lease / 3))
+	now := j.now()
 	for _, key := range keys {
 		err := j.store.Renew(context.Background(), key, j.newLease(now))
 		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {

@@ -64,6 +64,9 @@ func (o *operation) body(attempt int, rewind func() (io.ReadCloser, error)) (io.
 // waited for until ctx ends. matched says that op.Key was taken from a
 // recent call with the same payload (see recentCalls).
 func (j *journal) begin(ctx context.Context, op Operation, matched bool) (*operation, error) {
+	if j.refused != nil {
+		return nil, &Error{Name: op.Name, Cause: ErrPolicyConflict, Err: j.refused}
+	}
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
@@ -126,6 +129,7 @@ var errMatchSettled = errors.New("idem: the matched operation has a definite ans
 // flight here it returns the channel to wait on, with an *Error for the
 // case that the wait ends first.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (*operation, <-chan struct{}, error) {
+	j.stamp(op)
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -152,7 +156,7 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, matc
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)
 	}
-	now := time.Now()
+	now := j.now()
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
@@ -249,7 +253,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.log.Warn("idem: recording attempt", "idem.key", o.rec.Key, "err", err)
@@ -279,7 +283,7 @@ func (o *operation) settle(v verdict, status int) {
 			state = StateSucceeded
 		}
 		o.settledAs = state
-		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
+		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
 			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
 		}
@@ -310,7 +314,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 			text = cause.Error()
 		}
 		o.recordAttempt(status, text)
-		now := time.Now()
+		now := o.j.now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
 			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
 		}
@@ -347,7 +351,7 @@ func (o *operation) stop(cause, err error) error {
 		return e
 	}
 	e.State = StateFailed
-	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error()}
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), At: o.j.now()}
 	if o.resend {
 		e.State = o.prior
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError

@@ -52,6 +52,9 @@ type resumed struct {
 
 // resume is Resume for operations last updated at least minAge ago.
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
+	if err := c.t.j.refused; err != nil {
+		return fmt.Errorf("idem: resume: %w", err)
+	}
 	select {
 	case c.resuming <- struct{}{}:
 	case <-c.shut:
@@ -73,7 +76,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 		workers    sync.WaitGroup
 		readErr    error
 		unreadable []error
-		cutoff     = time.Now().Add(-minAge)
+		cutoff     = j.now().Add(-minAge)
 	)
 	for range c.t.cfg.resumeWorkers {
 		workers.Add(1)
@@ -93,7 +96,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 			close(results)
 		}()
 		for after := ""; ; {
-			page, err := j.store.Claim(ctx, j.newLease(time.Now()), after, resumePage)
+			page, err := j.store.Claim(ctx, j.newLease(j.now()), after, resumePage)
 			if err != nil && len(page) == 0 {
 				readErr = fmt.Errorf("idem: resume: reading pending operations: %w", err)
 				return
@@ -172,7 +175,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 				if err != nil {
 					text = err.Error()
 				}
-				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text}); ferr != nil {
+				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text, At: j.now()}); ferr != nil {
 					err = errors.Join(err, ferr)
 				}
 			}
@@ -183,7 +186,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 		rec.State = state
 		return resumed{op: rec, err: &Error{Key: rec.Key, Name: rec.Name, State: state, LastStatus: rec.LastStatus, Cause: cause, Err: err}}, true
 	}
-	if why := j.tooOld(&rec, time.Now()); why != nil {
+	if why := j.tooOld(&rec, j.now()); why != nil {
 		if why == ErrExpired {
 			why = nil
 		}
@@ -203,7 +206,11 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
-	req.Header = outgoingHeader(rec.Header, c.t.cfg.header, []string{rec.Key})
+	keyHeader := rec.KeyHeader // the header the operation was sent with
+	if keyHeader == "" {       // a record from before KeyHeader existed
+		keyHeader = c.t.cfg.header
+	}
+	req.Header = outgoingHeader(rec.Header, keyHeader, []string{rec.Key})
 	if rec.Host != "" {
 		req.Host = rec.Host
 	}
@@ -241,7 +248,7 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		}
 		if settled { // fn had read the answer before it panicked
 			j := c.t.j
-			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(time.Now()), rec.Header, rec.Body); err != nil {
+			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(j.now()), rec.Header, rec.Body); err != nil {
 				perr = errors.Join(perr, err)
 			}
 		}

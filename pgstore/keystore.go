@@ -170,14 +170,6 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err := idem.CheckKey(op.Key); err != nil {
 		return idem.Operation{}, false, err
 	}
-	now := s.now()
-	if op.Created.IsZero() {
-		op.Created = now
-	}
-	op.Updated = now
-	if op.State == 0 {
-		op.State = idem.StatePending
-	}
 	header, err := encodeHeader(op.Header)
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
@@ -273,7 +265,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 		return idem.Operation{}, dbError("acquire", key, err)
 	}
 	var r row
-	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(s.now()), h, body, nanos(l.At), s.incarnation).Scan(r.dest()...)
+	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, body, nanos(l.At), s.incarnation).Scan(r.dest()...)
 	conn.Release()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -362,7 +354,7 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 		return err
 	}
 	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
-		args: []any{key, int64(a.Sent), int32(a.Status), cleanText(a.Err), nanos(s.now())}})
+		args: []any{key, int64(a.Sent), int32(a.Status), cleanText(a.Err), nanos(a.At)}})
 }
 
 // Finish implements idem.KeyStore, with Attempt's durability: when it
@@ -380,7 +372,7 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
 	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(s.now())}})
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(o.At)}})
 }
 
 // Pending implements idem.KeyStore.

@@ -118,7 +118,6 @@ type Store struct {
 	ownPool bool // Open made the pool, so Close closes it
 	schema  string
 	q       queries
-	now     func() time.Time
 	// incarnation names this Store in the leases it holds (see
 	// migrations/0003), and reserveIDs numbers its reservations.
 	incarnation string
@@ -173,7 +172,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	}
 	q := newQueries(c.schema)
 	base, cancel := context.WithCancel(context.Background())
-	s := &Store{pool: pool, schema: c.schema, q: q, now: time.Now, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
+	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
 		marks: newMarkWriter(pool, base, c.log)}
 	s.reserver = newReserver(s)
 	return s, nil

@@ -213,7 +213,9 @@ func TestLastChange(t *testing.T) {
 
 	before := time.Now()
 	for _, k := range []string{"k1", "k2"} {
-		_, _, err := s.Reserve(ctx, storetest.NewOperation(k))
+		op := storetest.NewOperation(k)
+		op.Created, op.Updated = before, before
+		_, _, err := s.Reserve(ctx, op)
 		require.NoError(t, err)
 	}
 	k2, err := s.Get(ctx, "k2")
@@ -222,7 +224,7 @@ func TestLastChange(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, last.Equal(k2.Updated) && !last.Before(before), "last change %v, k2 updated %v", last, k2.Updated)
 
-	require.NoError(t, s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}))
+	require.NoError(t, s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: before.Add(time.Second)}))
 	k1, err := s.Get(ctx, "k1")
 	require.NoError(t, err)
 	last, err = s.LastChange(ctx)

@@ -68,6 +68,7 @@ func NewOperation(key string) idem.Operation {
 		Fingerprint: [32]byte{1, byte(len(key)), key[len(key)-1]},
 		State:       idem.StatePending,
 		Created:     base,
+		Updated:     base,
 		Owner:       "owner-a",
 		LeaseUntil:  base.Add(time.Hour),
 		Header:      http.Header{"Content-Type": {"application/json"}, "X-Trace": {"a", "b"}},
@@ -79,8 +80,7 @@ func lease(owner string, at time.Time, d time.Duration) idem.Lease {
 	return idem.Lease{Owner: owner, At: at, Until: at.Add(d)}
 }
 
-// same fails t unless got has want's fields; times compare by instant and
-// Updated is not compared.
+// same fails t unless got has want's fields; times compare by instant.
 func same(t *testing.T, what string, got, want idem.Operation) {
 	t.Helper()
 	var diffs []string
@@ -99,7 +99,9 @@ func same(t *testing.T, what string, got, want idem.Operation) {
 	check("Attempts", got.Attempts == want.Attempts, got.Attempts, want.Attempts)
 	check("LastStatus", got.LastStatus == want.LastStatus, got.LastStatus, want.LastStatus)
 	check("LastError", got.LastError == want.LastError, got.LastError, want.LastError)
+	check("KeyHeader", got.KeyHeader == want.KeyHeader, got.KeyHeader, want.KeyHeader)
 	check("Created", got.Created.Equal(want.Created), got.Created, want.Created)
+	check("Updated", got.Updated.Equal(want.Updated), got.Updated, want.Updated)
 	check("Owner", got.Owner == want.Owner, got.Owner, want.Owner)
 	check("LeaseUntil", got.LeaseUntil.Equal(want.LeaseUntil), got.LeaseUntil, want.LeaseUntil)
 	check("Redacted", got.Redacted == want.Redacted, got.Redacted, want.Redacted)
@@ -182,22 +184,29 @@ var tests = []struct {
 		op := NewOperation("k1")
 		op.Host = "pay.internal"
 		op.Redacted = true
-		before := time.Now().Add(-time.Minute)
 		rec := h.reserve(t, op)
 		same(t, "Reserve", rec, op)
-		if rec.Updated.Before(before) {
-			t.Errorf("Updated = %v, want the time of the Reserve", rec.Updated)
-		}
 		same(t, "Get", h.get(t, "k1"), op)
 	}},
-	{"Reserve sets Created when the operation has none", func(t *testing.T, h *harness) {
+	{"Reserve keeps the times it is given, and reads no clock", func(t *testing.T, h *harness) {
 		op := NewOperation("k1")
-		op.Created = time.Time{}
-		before := time.Now().Add(-time.Minute)
-		rec := h.reserve(t, op)
-		if rec.Created.Before(before) || rec.Created.After(time.Now().Add(time.Minute)) {
-			t.Fatalf("Created = %v, want about now", rec.Created)
+		op.Created, op.Updated = base.Add(-48*time.Hour), base.Add(-47*time.Hour)
+		op.LeaseUntil = base.Add(-46 * time.Hour)
+		same(t, "Reserve", h.reserve(t, op), op)
+		same(t, "Get", h.get(t, "k1"), op)
+	}},
+	{"the key header travels with the record", func(t *testing.T, h *harness) {
+		op := NewOperation("k1")
+		op.KeyHeader = "PayPal-Request-Id"
+		op.Name = "pay:kh"
+		same(t, "Reserve", h.reserve(t, op), op)
+		same(t, "Get", h.get(t, "k1"), op)
+		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, At: base.Add(time.Second)})
+		if got := h.get(t, "k1"); got.KeyHeader != op.KeyHeader {
+			t.Fatalf("KeyHeader after Finish = %q, want %q", got.KeyHeader, op.KeyHeader)
 		}
+		plain := NewOperation("k2")
+		same(t, "a record without a key header", h.reserve(t, plain), plain)
 	}},
 	{"Reserve returns an existing key unchanged", func(t *testing.T, h *harness) {
 		op := NewOperation("k1")
@@ -309,14 +318,15 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Err: "connection reset"}); err != nil {
+		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Err: "connection reset", At: base.Add(time.Second)}); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 2, Status: 503}); err != nil {
+		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 2, Status: 503, At: base.Add(2 * time.Second)}); err != nil {
 			t.Fatal(err)
 		}
 		want := op
 		want.Attempts, want.LastStatus = 3, 503
+		want.Updated = base.Add(2 * time.Second)
 		same(t, "after two Attempts", h.get(t, "k1"), want)
 		if err := h.s.Attempt(ctx, "nope", idem.Attempt{Sent: 1}); !errors.Is(err, idem.ErrNotFound) {
 			t.Errorf("Attempt(unknown) = %v, want ErrNotFound", err)
@@ -330,18 +340,19 @@ var tests = []struct {
 		if err := h.s.Finish(ctx, "k1", idem.Outcome{State: idem.StatePending}); err == nil {
 			t.Fatal("Finish with a pending state succeeded")
 		}
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Status: 503}); err != nil {
+		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Status: 503, At: base.Add(time.Second)}); err != nil {
 			t.Fatal(err)
 		}
-		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1})
+		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(2 * time.Second)})
 		got := h.get(t, "k1")
 		want := op
 		want.State, want.Attempts, want.LastStatus = idem.StateSucceeded, 2, 201
+		want.Updated = base.Add(2 * time.Second)
 		want.Header, want.Body = nil, nil
 		want.URL = "https://api.example.com/v1/charges"
 		want.LeaseUntil = got.LeaseUntil // checked below
 		same(t, "finished", got, want)
-		if got.LeaseUntil.After(time.Now()) {
+		if got.LeaseUntil.After(base.Add(2 * time.Second)) {
 			t.Errorf("LeaseUntil = %v after Finish, want the lease ended", got.LeaseUntil)
 		}
 		ops, err := h.s.Pending(ctx, "", 0)
@@ -354,9 +365,9 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		h.finish(t, "k1", idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1})
+		h.finish(t, "k1", idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, At: base.Add(time.Second)})
 		hdr := http.Header{"Content-Type": {"application/json"}, "X-Again": {"1"}}
-		l := lease("owner-b", time.Now(), time.Minute)
+		l := lease("owner-b", base.Add(time.Minute), time.Minute)
 		got, err := h.s.Acquire(ctx, "k1", l, hdr, []byte("body2"))
 		if err != nil {
 			t.Fatal(err)
@@ -365,6 +376,7 @@ var tests = []struct {
 		want.URL = "https://api.example.com/v1/charges"
 		want.Attempts, want.LastStatus = 1, 500
 		want.Owner, want.LeaseUntil = "owner-b", l.Until
+		want.Updated = l.At
 		want.Header, want.Body = hdr, []byte("body2")
 		same(t, "Acquire", got, want)
 		same(t, "Get after Acquire", h.get(t, "k1"), want)
@@ -376,7 +388,7 @@ var tests = []struct {
 	}},
 	{"Acquire respects a live lease and takes a lapsed one", func(t *testing.T, h *harness) {
 		ctx := t.Context()
-		now := time.Now()
+		now := base
 		op := NewOperation("k1")
 		op.Owner, op.LeaseUntil = "owner-a", now.Add(time.Minute)
 		h.reserve(t, op)
@@ -391,6 +403,7 @@ var tests = []struct {
 		}
 		want := op
 		want.LeaseUntil = now.Add(2 * time.Minute)
+		want.Updated = now
 		same(t, "Acquire by the owner keeps the request", mine, want)
 		// After the lease lapsed, anyone may.
 		later := now.Add(3 * time.Minute)
@@ -399,11 +412,12 @@ var tests = []struct {
 			t.Fatalf("Acquire after the lease lapsed: %v", err)
 		}
 		want.Owner, want.LeaseUntil = "owner-b", later.Add(time.Minute)
+		want.Updated = later
 		same(t, "Acquire of a lapsed lease", got, want)
 	}},
 	{"Renew extends the owner's lease only", func(t *testing.T, h *harness) {
 		ctx := t.Context()
-		now := time.Now()
+		now := base
 		op := NewOperation("k1")
 		op.Owner, op.LeaseUntil = "owner-a", now.Add(time.Minute)
 		h.reserve(t, op)
@@ -423,7 +437,7 @@ var tests = []struct {
 		if _, err := h.s.Acquire(ctx, "k1", lease("owner-b", now.Add(time.Millisecond), time.Minute), nil, nil); err != nil {
 			t.Fatalf("Acquire after release: %v", err)
 		}
-		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1})
+		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: now.Add(time.Second)})
 		if err := h.s.Renew(ctx, "k1", lease("owner-b", now, time.Hour)); !errors.Is(err, idem.ErrLeaseLost) {
 			t.Fatalf("Renew of a finished operation = %v, want ErrLeaseLost", err)
 		}
@@ -436,7 +450,7 @@ var tests = []struct {
 		for _, k := range []string{"c", "a", "e", "b", "d", "f"} {
 			h.reserve(t, NewOperation(k))
 		}
-		h.finish(t, "d", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1})
+		h.finish(t, "d", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Second)})
 		var got []string
 		after := ""
 		for range 10 {
@@ -472,7 +486,7 @@ var tests = []struct {
 	}},
 	{"Claim takes its own and lapsed operations, never a live lease", func(t *testing.T, h *harness) {
 		ctx := t.Context()
-		now := time.Now()
+		now := base
 		for _, c := range []struct {
 			key, owner string
 			until      time.Time
@@ -511,7 +525,7 @@ var tests = []struct {
 		wantKeys(t, "Claim after every lease lapsed", ops, err, "a", "b", "c", "d", "e")
 	}},
 	{"concurrent Claims share out the operations", func(t *testing.T, h *harness) {
-		now := time.Now()
+		now := base
 		const n = 40
 		for i := range n {
 			op := NewOperation(fmt.Sprintf("op-%02d", i))
@@ -563,12 +577,12 @@ var tests = []struct {
 			op.Name = "name-" + k
 			h.reserve(t, op)
 		}
-		h.finish(t, "old1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1})
-		h.finish(t, "old2", idem.Outcome{State: idem.StateExpired})
-		if n, err := h.s.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
-			t.Fatalf("Sweep before anything is old = %d, %v; want 0", n, err)
+		h.finish(t, "old1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Minute)})
+		h.finish(t, "old2", idem.Outcome{State: idem.StateExpired, At: base.Add(2 * time.Minute)})
+		if n, err := h.s.Sweep(ctx, base.Add(time.Minute)); err != nil || n != 0 {
+			t.Fatalf("Sweep with a cutoff at the first finish = %d, %v; want 0", n, err)
 		}
-		if n, err := h.s.Sweep(ctx, time.Now().Add(time.Hour)); err != nil || n != 2 {
+		if n, err := h.s.Sweep(ctx, base.Add(time.Hour)); err != nil || n != 2 {
 			t.Fatalf("Sweep = %d, %v; want 2", n, err)
 		}
 		for _, k := range []string{"old1", "old2"} {
@@ -586,8 +600,42 @@ var tests = []struct {
 		if rec, created, err := h.s.Reserve(ctx, taken); err != nil || created || rec.Key != "pend" {
 			t.Fatalf("Reserve of a pending name: key %s created %v err %v", rec.Key, created, err)
 		}
-		if n, err := h.s.Sweep(ctx, time.Now().Add(time.Hour)); err != nil || n != 0 {
+		if n, err := h.s.Sweep(ctx, base.Add(time.Hour)); err != nil || n != 0 {
 			t.Fatalf("second Sweep = %d, %v; want 0", n, err)
+		}
+	}},
+	{"a PolicyStore keeps the policy", func(t *testing.T, h *harness) {
+		ps, ok := h.s.(idem.PolicyStore)
+		if !ok {
+			t.Skip("storetest: the store is no idem.PolicyStore")
+		}
+		ctx := t.Context()
+		if p, err := ps.Policy(ctx); err != nil || p != (idem.Policy{}) {
+			t.Fatalf("Policy of a new store = %+v, %v; want the zero Policy and no error", p, err)
+		}
+		want := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 47 * time.Hour, Retention: 48 * time.Hour, MatchWindow: 2 * time.Minute}
+		if err := ps.SetPolicy(ctx, want); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := ps.Policy(ctx); err != nil || p != want {
+			t.Fatalf("Policy = %+v, %v; want %+v", p, err, want)
+		}
+		want.ResendWindow = time.Hour
+		if err := ps.SetPolicy(ctx, want); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := ps.Policy(ctx); err != nil || p != want {
+			t.Fatalf("Policy after a second SetPolicy = %+v, %v; want %+v", p, err, want)
+		}
+		if h.Reopen == nil {
+			return
+		}
+		if err := h.s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		h.s = h.Reopen(t, h.s)
+		if p, err := h.s.(idem.PolicyStore).Policy(ctx); err != nil || p != want {
+			t.Fatalf("Policy after reopening = %+v, %v; want %+v", p, err, want)
 		}
 	}},
 	{"invalid keys are refused", func(t *testing.T, h *harness) {
@@ -618,13 +666,13 @@ var tests = []struct {
 		if err := h.s.Close(); err != nil {
 			t.Fatal(err)
 		}
-		l := lease("me", time.Now(), time.Minute)
+		l := lease("me", base, time.Minute)
 		_, _, errReserve := h.s.Reserve(ctx, NewOperation("k2"))
 		_, errAcquire := h.s.Acquire(ctx, "k1", l, nil, nil)
 		_, errGet := h.s.Get(ctx, "k1")
 		_, errPending := h.s.Pending(ctx, "", 0)
 		_, errClaim := h.s.Claim(ctx, l, "", 0)
-		_, errSweep := h.s.Sweep(ctx, time.Now())
+		_, errSweep := h.s.Sweep(ctx, base)
 		for name, err := range map[string]error{
 			"Reserve": errReserve, "Acquire": errAcquire, "Get": errGet,
 			"Renew":   h.s.Renew(ctx, "k1", l),
@@ -647,16 +695,17 @@ var tests = []struct {
 		for _, op := range []idem.Operation{a, b, c} {
 			h.reserve(t, op)
 		}
-		if err := h.s.Attempt(ctx, "a", idem.Attempt{Sent: 1, Status: 503}); err != nil {
+		if err := h.s.Attempt(ctx, "a", idem.Attempt{Sent: 1, Status: 503, At: base.Add(time.Second)}); err != nil {
 			t.Fatal(err)
 		}
-		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1})
+		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
 		if err := h.s.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
 		h.s = h.Reopen(t, h.s)
 		wantA := a
 		wantA.Attempts, wantA.LastStatus = 1, 503
+		wantA.Updated = base.Add(time.Second)
 		same(t, "a after reopening", h.get(t, "a"), wantA)
 		if got := h.get(t, "b"); got.State != idem.StateSucceeded || got.LastStatus != 201 || got.Body != nil {
 			t.Fatalf("b after reopening: state %v status %d body %q", got.State, got.LastStatus, got.Body)
