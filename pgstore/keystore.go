@@ -108,12 +108,13 @@ type row struct {
 	redacted, unreplayable                   bool
 	incarnation                              string
 	reserveID                                int64
+	keyHeader                                string
 }
 
 func (r *row) dest() []any {
 	return []any{&r.key, &r.name, &r.version, &r.method, &r.url, &r.host, &r.fingerprint, &r.state,
 		&r.attempts, &r.lastStatus, &r.lastError, &r.created, &r.updated, &r.owner,
-		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID}
+		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID, &r.keyHeader}
 }
 
 // operation checks the row and returns it as an Operation. A row it cannot
@@ -135,7 +136,7 @@ func (r *row) operation() (idem.Operation, error) {
 		return idem.Operation{}, corrupt(fmt.Sprintf("state %d", r.state))
 	}
 	op := idem.Operation{
-		Key: r.key, Method: r.method, URL: r.url, Host: r.host, State: st,
+		Key: r.key, KeyHeader: r.keyHeader, Method: r.method, URL: r.url, Host: r.host, State: st,
 		Attempts: int(r.attempts), LastStatus: int(r.lastStatus), LastError: r.lastError,
 		Created: fromNanos(r.created), Updated: fromNanos(r.updated),
 		Owner: r.owner, LeaseUntil: fromNanos(r.leaseUntil),
@@ -177,7 +178,7 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	id := s.reserveIDs.Add(1)
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), cleanText(op.LastError), nanos(op.Created), nanos(op.Updated), op.Owner,
-		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id}
+		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader}
 	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
 		return s.reserveOne(ctx, op, id, args, res.doubt)

@@ -11,7 +11,7 @@ import (
 var columns = []string{
 	"key", "name", "version", "method", "url", "host", "fingerprint", "state",
 	"attempts", "last_status", "last_error", "created", "updated", "owner",
-	"lease_until", "redacted", "unreplayable", "header", "body", "incarnation", "reserve_id",
+	"lease_until", "redacted", "unreplayable", "header", "body", "incarnation", "reserve_id", "key_header",
 }
 
 // queries holds the store's SQL with its schema's table name filled in.
@@ -19,6 +19,7 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
+	now, policy, setPolicy                                                                            string
 }
 
 func newQueries(schema string) queries {
@@ -47,7 +48,7 @@ func newQueries(schema string) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or
@@ -132,5 +133,13 @@ func newQueries(schema string) queries {
 		// flushes the WAL (synchronous_commit on), and with it every
 		// asynchronous commit before it.
 		barrier: `SELECT pg_current_xact_id()::text`,
+
+		// now is the database's clock in Unix microseconds (its
+		// resolution): the time of the call, not of its transaction.
+		now: `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`,
+
+		policy: r.Replace(`SELECT key_header, resend_window, retention, match_window FROM {policy}`),
+		setPolicy: r.Replace(`INSERT INTO {policy} (key_header, resend_window, retention, match_window) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (id) DO UPDATE SET key_header = $1, resend_window = $2, retention = $3, match_window = $4`),
 	}
 }
