@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem"
 )
@@ -48,17 +49,18 @@ func (s *Store) ready(ctx context.Context) error {
 	return s.marks.ready(ctx)
 }
 
+// callTimeout bounds a call whose context has no earlier deadline.
+const callTimeout = 30 * time.Second
+
 // bind returns ctx, also cancelled when Close gives up on PostgreSQL, and
-// with a deadline bound from now unless ctx ends sooner (bound 0: none).
-// Every statement runs under such a context, so no call outlives Close's
-// bound, whatever the context it was given.
+// with a deadline bound from now unless ctx ends sooner (bound 0:
+// callTimeout). Every statement runs under such a context, so no call
+// outlives its bound or Close's, whatever the context it was given.
 func (s *Store) bind(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
-	var cancel context.CancelFunc
-	if bound > 0 {
-		ctx, cancel = context.WithTimeout(ctx, bound)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
+	if bound <= 0 {
+		bound = callTimeout
 	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	stop := context.AfterFunc(s.base, cancel)
 	return ctx, func() {
 		stop()
@@ -437,18 +439,34 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 }
 
 // Sweep implements idem.KeyStore.
+// It deletes in chunks of opSweepChunk rows, each one statement bounded as
+// every call is, so that a large sweep makes progress and a stalled one
+// ends.
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
-	ctx, cancel := s.bind(ctx, 0)
-	defer cancel()
-	if err := s.ready(ctx); err != nil {
+	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.sweep, nanos(cutoff))
-	if err != nil {
-		return 0, dbError("sweep", "", err)
+	n := 0
+	for {
+		cctx, cancel := s.bind(ctx, 0)
+		err := s.ready(cctx)
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = s.pool.Exec(cctx, s.q.sweep, nanos(cutoff), opSweepChunk)
+		}
+		cancel()
+		if err != nil {
+			return n, dbError("sweep", "", err)
+		}
+		n += int(tag.RowsAffected())
+		if tag.RowsAffected() < opSweepChunk {
+			return n, nil
+		}
 	}
-	return int(tag.RowsAffected()), nil
 }
+
+// opSweepChunk is how many rows one statement of Sweep deletes at most.
+const opSweepChunk = 10000
 
 // LastChange returns when the journal last changed: the latest Updated of
 // its records, as the replicas' clocks wrote it, or the zero time for an

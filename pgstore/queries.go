@@ -19,7 +19,7 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
-	now, policy, setPolicy                                                                            string
+	now, policy, setPolicy                                                                             string
 }
 
 func newQueries(schema string) queries {
@@ -121,7 +121,8 @@ func newQueries(schema string) queries {
 		FROM c WHERE o.key = c.key
 		RETURNING {o.cols}`),
 
-		sweep: r.Replace(`DELETE FROM {ops} WHERE state <> 1 AND updated < $1`),
+		// Sweep: $1 cutoff, $2 how many rows at most.
+		sweep: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2)`),
 
 		// lastChange: the finished rows' latest through their index on
 		// updated, the pending ones (few) by a scan of theirs.
