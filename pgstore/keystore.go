@@ -28,13 +28,10 @@ const reserveTries = 4
 
 // check returns an error if ctx is done or the store is closed.
 func (s *Store) check(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	if s.closed.Load() {
 		return idem.ErrClosed
 	}
-	return nil
+	return ctx.Err()
 }
 
 // ready is check for every method but Attempt and Finish: it also waits,
@@ -178,6 +175,12 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
 	}
 	id := s.reserveIDs.Add(1)
+	if s.skew != 0 {
+		op.Created, op.Updated = op.Created.Add(s.skew), op.Updated.Add(s.skew)
+		if !op.LeaseUntil.IsZero() {
+			op.LeaseUntil = op.LeaseUntil.Add(s.skew)
+		}
+	}
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), cleanText(op.LastError), nanos(op.Created), nanos(op.Updated), op.Owner,
 		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader}
@@ -263,6 +266,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 	if err != nil {
 		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
+	l = s.skewed(l)
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return idem.Operation{}, dbError("acquire", key, err)
@@ -318,7 +322,8 @@ func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
 	if err := s.ready(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until), s.incarnation)
+	l = s.skewed(l)
+	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until), s.incarnation, nanos(l.At))
 	if err != nil {
 		return dbError("renew", key, err)
 	}
@@ -396,6 +401,7 @@ func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
+	l = s.skewed(l)
 	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until), s.incarnation)
 	// UPDATE ... RETURNING returns rows in no particular order.
 	slices.SortFunc(ops, func(a, b idem.Operation) int { return strings.Compare(a.Key, b.Key) })
@@ -483,4 +489,13 @@ func (s *Store) LastChange(ctx context.Context) (time.Time, error) {
 		return time.Time{}, dbError("last change", "", err)
 	}
 	return fromNanos(n), nil
+}
+
+// skewed returns l moved by the store's test skew (see export_test.go):
+// the times a Client whose clock is that far off would pass.
+func (s *Store) skewed(l idem.Lease) idem.Lease {
+	if s.skew != 0 {
+		l.At, l.Until = l.At.Add(s.skew), l.Until.Add(s.skew)
+	}
+	return l
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/pgstore"
+	"github.com/idemgo/idem/pgstore/internal/pgtest"
 	"github.com/idemgo/idem/storetest"
 )
 
@@ -19,13 +21,15 @@ import (
 // first, a zombie, still runs): it takes none of the first one's live
 // leases, by Claim or Acquire, and takes them once they lapsed.
 func TestSameOwnerNameWaitsForLease(t *testing.T) {
-	first := openStore(t)
-	second := replica(t, first)
+	first := openStore(t, pgstore.WithCallerLeaseTimes()) // the test moves time
 	ctx := testContext(t)
+	second, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(first.Schema()), pgstore.WithCallerLeaseTimes())
+	require.NoError(t, err)
+	defer second.Close()
 	now := time.Now()
 	op := storetest.NewOperation("k1")
 	op.Created, op.Updated, op.Owner, op.LeaseUntil = now, now, "bff-1", now.Add(time.Minute)
-	_, _, err := first.Reserve(ctx, op)
+	_, _, err = first.Reserve(ctx, op)
 	require.NoError(t, err)
 
 	l := idem.Lease{Owner: "bff-1", At: now, Until: now.Add(time.Minute)}
@@ -76,4 +80,49 @@ func TestSkippedClaimReleased(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StatePending, rec.State)
 	assert.Zero(t, rec.Attempts, "not sent")
+}
+
+// TestLeasesByDatabaseClock runs replicas whose times are 30 s off (as a
+// Client's would be with its clock off and its offset to the database's
+// clock wrong, WithSkew): one 30 s ahead takes no live lease, renewed or
+// not; one 30 s behind takes a dead replica's operation as soon as its
+// lease lapsed. Leases are judged by the database's clock.
+func TestLeasesByDatabaseClock(t *testing.T) {
+	a := openStore(t)
+	ctx := testContext(t)
+	open := func(skew time.Duration) *pgstore.Store {
+		s, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(a.Schema()), pgstore.WithSkew(skew))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	ahead, behind := open(30*time.Second), open(-30*time.Second)
+	now := time.Now()
+	live := storetest.NewOperation("live")
+	live.Created, live.Updated, live.Owner, live.LeaseUntil = now, now, "a", now.Add(20*time.Second)
+	_, _, err := a.Reserve(ctx, live)
+	require.NoError(t, err)
+
+	l := func(owner string) idem.Lease {
+		now := time.Now()
+		return idem.Lease{Owner: owner, At: now, Until: now.Add(20 * time.Second)}
+	}
+	ops, err := ahead.Claim(ctx, l("ahead"), "", 0)
+	require.NoError(t, err)
+	assert.Empty(t, ops, "a replica 30 s ahead takes no live lease by Claim")
+	_, err = ahead.Acquire(ctx, "live", l("ahead"), nil, nil)
+	assert.ErrorIs(t, err, idem.ErrInProgress, "nor by Acquire")
+	require.NoError(t, a.Renew(ctx, "live", l("a")))
+	ops, err = ahead.Claim(ctx, l("ahead"), "", 0)
+	require.NoError(t, err)
+	assert.Empty(t, ops, "nor once renewed")
+
+	dead := storetest.NewOperation("dead")
+	dead.Created, dead.Updated, dead.Owner, dead.LeaseUntil = now, now, "gone", now.Add(time.Millisecond)
+	_, _, err = a.Reserve(ctx, dead)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ops, err := behind.Claim(ctx, l("behind"), "", 0)
+		return err == nil && len(ops) == 1 && ops[0].Key == "dead"
+	}, 10*time.Second, 10*time.Millisecond, "a replica 30 s behind takes a lapsed lease at once")
 }

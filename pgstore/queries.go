@@ -22,7 +22,22 @@ type queries struct {
 	now, policy, setPolicy                                                                             string
 }
 
-func newQueries(schema string) queries {
+// dbNow is the database's clock in Unix nanoseconds (to the microsecond).
+const dbNow = `((extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000)`
+
+// newQueries returns the store's SQL for schema. With dbClock, leases
+// are judged by the database's clock: a lease change is "now" when the
+// statement runs, whatever time its caller passed, and a lease lasts
+// Until − At from then; without it, by the times the caller passes (for
+// tests with synthetic times).
+func newQueries(schema string, dbClock bool) queries {
+	// now returns the "now" of a statement whose caller's At is at.
+	now := func(at string) string {
+		if dbClock {
+			return dbNow
+		}
+		return at
+	}
 	ops := pgx.Identifier{schema, "operations"}.Sanitize()
 	cols := strings.Join(columns, ", ")
 	prefixed := "o." + strings.Join(columns, ", o.")
@@ -38,8 +53,12 @@ func newQueries(schema string) queries {
 		}
 	}
 	params := make([]string, len(columns))
-	for i := range columns {
+	for i, c := range columns {
 		params[i] = "$" + strconv.Itoa(i+1)
+		if c == "lease_until" { // as long from now as from the record's Updated ($13), when it has one
+			params[i] = "CASE WHEN " + params[i] + "::bigint = 0 OR $13::bigint = 0 THEN " + params[i] + "::bigint ELSE " +
+				now("$13::bigint") + " + (" + params[i] + "::bigint - $13::bigint) END"
+		}
 	}
 	// $1 is the key and $2 the name (NULL when unnamed), as in columns.
 	// {async} makes a mark's commit asynchronous: PostgreSQL answers
@@ -48,7 +67,7 @@ func newQueries(schema string) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or
@@ -73,17 +92,18 @@ func newQueries(schema string) queries {
 		// (another owner, or the same owner name in another incarnation)
 		// is left alone.
 		acquire: r.Replace(`UPDATE {ops} SET
-			owner = $2, lease_until = $3, updated = $4, incarnation = $8,
+			owner = $2, lease_until = {now7} + ($3::bigint - $7::bigint), updated = $4, incarnation = $8,
 			header = CASE WHEN state = 1 THEN header ELSE $5 END,
 			body = CASE WHEN state = 1 THEN body ELSE $6 END,
 			state = 1
-		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND NOT (owner = $2 AND incarnation = $8) AND lease_until > $7)
+		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND NOT (owner = $2 AND incarnation = $8) AND lease_until > {now7})
 		RETURNING {cols}`),
 
 		// Renew: $2 owner, $3 lease until, $4 incarnation. Only the holder
 		// may renew, and only while the row is pending. Leases do not count as changes of
 		// the record: Updated stays (Resume reads it as the record's age).
-		renew: r.Replace(`UPDATE {ops} SET lease_until = $3 WHERE key = $1 AND state = 1 AND owner = $2 AND incarnation = $4`),
+		// $5 is the lease's At.
+		renew: r.Replace(`UPDATE {ops} SET lease_until = {now5} + ($3::bigint - $5::bigint) WHERE key = $1 AND state = 1 AND owner = $2 AND incarnation = $4`),
 
 		// leaseOf explains why Acquire or Renew changed nothing.
 		leaseOf: r.Replace(`SELECT state, owner, lease_until, incarnation FROM {ops} WHERE key = $1`),
@@ -113,11 +133,11 @@ func newQueries(schema string) queries {
 		// just leased fail the lease test when rechecked.
 		claim: r.Replace(`WITH c AS (
 			SELECT key FROM {ops}
-			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= $3 OR (owner = $2 AND incarnation = $6))
+			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= {now3} OR (owner = $2 AND incarnation = $6))
 			ORDER BY key LIMIT $4
 			FOR UPDATE SKIP LOCKED
 		)
-		UPDATE {ops} o SET owner = $2, lease_until = $5, incarnation = $6
+		UPDATE {ops} o SET owner = $2, lease_until = {now3} + ($5::bigint - $3::bigint), incarnation = $6
 		FROM c WHERE o.key = c.key
 		RETURNING {o.cols}`),
 

@@ -93,8 +93,10 @@ const DefaultSchema = "idem"
 type Option func(*config)
 
 type config struct {
-	schema string
-	log    *slog.Logger
+	schema      string
+	log         *slog.Logger
+	callerTimes bool          // leases judged by the caller's times (tests)
+	skew        time.Duration // added to the caller's times (tests)
 }
 
 // WithLogger sets the logger of what the store deals with on its own: a
@@ -122,6 +124,7 @@ type Store struct {
 	// migrations/0003), and reserveIDs numbers its reservations.
 	incarnation string
 	reserveIDs  atomic.Int64
+	skew        time.Duration
 	log         *slog.Logger
 	marks       *markWriter
 	reserver    *reserver
@@ -170,9 +173,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	q := newQueries(c.schema)
+	q := newQueries(c.schema, !c.callerTimes)
 	base, cancel := context.WithCancel(context.Background())
-	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
+	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(), skew: c.skew,
 		marks: newMarkWriter(pool, base, c.log)}
 	s.reserver = newReserver(s)
 	return s, nil
