@@ -62,7 +62,11 @@
 // New. Migrations are embedded in the package, versioned, and applied in
 // one transaction under an advisory lock, so replicas that start at once
 // migrate once. The role needs the CREATE privilege on the database the
-// first time (or the schema must exist and belong to it).
+// first time (or the schema must exist and belong to it), and again when a
+// newer version of this package adds a migration; a schema migrated
+// already opens with USAGE on the schema and SELECT, INSERT, UPDATE and
+// DELETE on its tables. A privilege PostgreSQL refuses (SQLSTATE 42501) is
+// an error matching ErrPermission, at Open as in every call.
 package pgstore
 
 import (
@@ -304,7 +308,19 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		return err
 	}
 	fail := func(step string, err error) error {
+		if sqlState(err) == "42501" {
+			return fmt.Errorf("pgstore: migrate schema %q: %s: %w (the first Open needs a role that may create the schema "+
+				"and its tables; later ones need USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables): %w",
+				schema, step, ErrPermission, err)
+		}
 		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, sentinel, err)
+	}
+	// A schema migrated already needs nothing but reads: a role with only
+	// the privileges to use it opens it.
+	if have, err := migratedVersion(ctx, pool, schema); err != nil {
+		return fail("read version", err)
+	} else if have >= len(ms) {
+		return nil
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
@@ -345,8 +361,21 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, sentinel) {
+	if err != nil && !errors.Is(err, sentinel) && !errors.Is(err, ErrPermission) {
 		return fail("commit", err) // the begin or the commit failed
 	}
 	return err
+}
+
+// migratedVersion returns the latest migration applied to schema, 0 when
+// the schema or its migrations table does not exist.
+func migratedVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
+	table := pgx.Identifier{schema, "migrations"}.Sanitize()
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var have int
+	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&have)
+	return have, err
 }
