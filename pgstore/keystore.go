@@ -395,6 +395,10 @@ func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Op
 
 // Claim implements idem.KeyStore. It is one statement: a select of the
 // claimable rows FOR UPDATE SKIP LOCKED and an update of their lease.
+// Rows of a newer format than this package reads are left alone, never
+// leased, for the newer replicas that can send them (Pending still lists
+// them as unreadable); a Claim that starts a walk (after "") logs how many
+// there are, once each time that number changes.
 func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int) ([]idem.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
@@ -402,7 +406,10 @@ func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int
 		return nil, err
 	}
 	l = s.skewed(l)
-	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until), s.incarnation)
+	if after == "" {
+		s.reportNewer(ctx)
+	}
+	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until), s.incarnation, recordVersion)
 	// UPDATE ... RETURNING returns rows in no particular order.
 	slices.SortFunc(ops, func(a, b idem.Operation) int { return strings.Compare(a.Key, b.Key) })
 	return ops, err
@@ -498,4 +505,38 @@ func (s *Store) skewed(l idem.Lease) idem.Lease {
 		l.At, l.Until = l.At.Add(s.skew), l.Until.Add(s.skew)
 	}
 	return l
+}
+
+// reportNewer logs, once per change of their number, the pending rows of
+// a newer format that Claim leaves to newer replicas.
+func (s *Store) reportNewer(ctx context.Context) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, s.q.newer, recordVersion).Scan(&n); err != nil {
+		return // the claim that follows reports the database's error
+	}
+	if s.newer.Swap(n) != n && n > 0 {
+		s.log.Warn("pgstore: pending operations of a newer record format are left to newer replicas",
+			"count", n, "version", recordVersion)
+	}
+}
+
+// ReleaseOwner ends the leases that owner holds in every incarnation but
+// this Store's: those of a process of that name that is gone (a pod
+// restarted under the same name). Their operations can then be resumed at
+// once instead of when their leases lapse. Call it only when the
+// application knows that process is dead: a process that still runs
+// would send its calls while another replica resends them (with the same
+// keys, so the provider answers one and replays or refuses the other). It
+// returns how many leases it ended.
+func (s *Store) ReleaseOwner(ctx context.Context, owner string) (int, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
+	tag, err := s.pool.Exec(ctx, s.q.releaseOwner, owner, s.incarnation)
+	if err != nil {
+		return 0, dbError("release owner", owner, err)
+	}
+	return int(tag.RowsAffected()), nil
 }

@@ -1,10 +1,15 @@
 package pgstore_test
 
 import (
+	"bytes"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -125,4 +130,79 @@ func TestLeasesByDatabaseClock(t *testing.T) {
 		ops, err := behind.Claim(ctx, l("behind"), "", 0)
 		return err == nil && len(ops) == 1 && ops[0].Key == "dead"
 	}, 10*time.Second, 10*time.Millisecond, "a replica 30 s behind takes a lapsed lease at once")
+}
+
+// TestNewerFormatLeftAlone puts a pending record of a newer format in the
+// journal, as a newer replica would in a rolling deploy: this version's
+// Claim never leases it and reports it once; Pending lists it as
+// unreadable.
+func TestNewerFormatLeftAlone(t *testing.T) {
+	var logs logBuffer
+	s := openStore(t, pgstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := testContext(t)
+	op := storetest.NewOperation("newer")
+	op.Owner, op.LeaseUntil = "", time.Time{}
+	_, _, err := s.Reserve(ctx, op)
+	require.NoError(t, err)
+	_, err = s.Pool().Exec(ctx, `UPDATE `+pgx.Identifier{s.Schema(), "operations"}.Sanitize()+` SET version = 99`)
+	require.NoError(t, err)
+
+	for range 2 {
+		now := time.Now()
+		ops, err := s.Claim(ctx, idem.Lease{Owner: "old", At: now, Until: now.Add(time.Minute)}, "", 0)
+		require.NoError(t, err)
+		assert.Empty(t, ops, "a newer record is not claimed")
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "newer record format"), "reported once: %s", logs.String())
+	ops, err := s.Pending(ctx, "", 0)
+	assert.ErrorIs(t, err, idem.ErrRecordVersion)
+	require.Len(t, ops, 1)
+	var owner string
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT owner FROM `+pgx.Identifier{s.Schema(), "operations"}.Sanitize()).Scan(&owner))
+	assert.Empty(t, owner, "never leased")
+}
+
+// logBuffer is a bytes.Buffer safe for the logger's goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestReleaseOwner has a restarted process take its dead predecessor's
+// operations at once, the application having said it is dead.
+func TestReleaseOwner(t *testing.T) {
+	dead := openStore(t)
+	restarted := replica(t, dead)
+	ctx := testContext(t)
+	now := time.Now()
+	op := storetest.NewOperation("k1")
+	op.Created, op.Updated, op.Owner, op.LeaseUntil = now, now, "bff-1", now.Add(time.Hour)
+	_, _, err := dead.Reserve(ctx, op)
+	require.NoError(t, err)
+	l := idem.Lease{Owner: "bff-1", At: now, Until: now.Add(time.Minute)}
+	ops, err := restarted.Claim(ctx, l, "", 0)
+	require.NoError(t, err)
+	require.Empty(t, ops, "a live lease of another incarnation")
+
+	n, err := restarted.ReleaseOwner(ctx, "bff-1")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	ops, err = restarted.Claim(ctx, l, "", 0)
+	require.NoError(t, err)
+	assert.Len(t, ops, 1, "taken at once once released")
+	n, err = restarted.ReleaseOwner(ctx, "bff-1")
+	require.NoError(t, err)
+	assert.Zero(t, n, "its own incarnation's leases stay")
 }

@@ -19,7 +19,7 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
-	now, policy, setPolicy                                                                             string
+	now, policy, setPolicy, newer, releaseOwner                                                        string
 }
 
 // dbNow is the database's clock in Unix nanoseconds (to the microsecond).
@@ -125,7 +125,8 @@ func newQueries(schema string, dbClock bool) queries {
 		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),
 
 		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until,
-		// $6 incarnation. It takes rows no one holds, rows whose lease
+		// $6 incarnation, $7 the newest record version this package reads
+		// (newer rows are left to newer replicas). It takes rows no one holds, rows whose lease
 		// lapsed, and rows this very store holds; never a live lease of
 		// the same owner name in another incarnation (a restarted process,
 		// or a zombie still running). Updated stays, as in Renew. Rows
@@ -134,6 +135,7 @@ func newQueries(schema string, dbClock bool) queries {
 		claim: r.Replace(`WITH c AS (
 			SELECT key FROM {ops}
 			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= {now3} OR (owner = $2 AND incarnation = $6))
+			AND version <= $7
 			ORDER BY key LIMIT $4
 			FOR UPDATE SKIP LOCKED
 		)
@@ -154,6 +156,12 @@ func newQueries(schema string, dbClock bool) queries {
 		// flushes the WAL (synchronous_commit on), and with it every
 		// asynchronous commit before it.
 		barrier: `SELECT pg_current_xact_id()::text`,
+
+		// releaseOwner: $1 owner, $2 this store's incarnation.
+		releaseOwner: r.Replace(`UPDATE {ops} SET lease_until = 0 WHERE state = 1 AND owner = $1 AND incarnation <> $2`),
+
+		// newer counts the pending rows of a format newer than $1.
+		newer: r.Replace(`SELECT count(*) FROM {ops} WHERE state = 1 AND version > $1`),
 
 		// now is the database's clock in Unix microseconds (its
 		// resolution): the time of the call, not of its transaction.

@@ -129,6 +129,7 @@ type Store struct {
 	incarnation string
 	reserveIDs  atomic.Int64
 	skew        time.Duration
+	newer       atomic.Int64 // newer-format pending rows last reported
 	log         *slog.Logger
 	marks       *markWriter
 	reserver    *reserver
