@@ -23,9 +23,21 @@
 // A named operation (idem.WithOperation) is one key fleet-wide: the name
 // column is unique, so a retry that lands on another replica re-drives the
 // same key. Each pending operation carries an owner and a lease; Claim takes
-// the pending operations a replica owns or whose lease lapsed with FOR
-// UPDATE SKIP LOCKED, so several replicas resuming at once never send one
-// operation twice.
+// the pending operations no one holds, whose lease lapsed, or that this
+// very Store holds, with FOR UPDATE SKIP LOCKED, so several replicas
+// resuming at once never send one operation twice.
+//
+// Leases are judged by one clock, the database's: every lease change takes
+// PostgreSQL's clock_timestamp() as its now and lasts Until − At from
+// then, so a replica whose clock is off (or whose Client's offset to the
+// database's clock, idem.Clock, is stale) neither takes a live lease nor
+// misses a lapsed one. A lease is held by an owner name and the Store that
+// took it (its incarnation, a random id per Open or New): a restarted
+// process with the same owner name, or a second one while the first still
+// runs, takes the first one's operations only once their leases lapsed,
+// or at once after ReleaseOwner, when the application knows the old
+// process is dead. Records of a newer format than this package reads are
+// never claimed: they are left to newer replicas (a rolling deploy).
 //
 // Durability: Reserve, Acquire and Renew return after PostgreSQL committed
 // their change, so with the server's default synchronous_commit=on a
@@ -43,19 +55,35 @@
 // 3 × wal_writer_delay (600 ms by default), flushes it. A crash of the
 // PostgreSQL server inside that window can lose a mark: the operation is
 // then still pending, and Resume sends it again under its key, so the
-// provider replays its answer. A crash of the replica loses nothing once
-// Finish returned. If PostgreSQL cannot take a mark (a broken connection,
-// the server away), the store keeps it and writes it again until it can;
-// reads and changes of this store write waiting marks first, and Close
-// makes every mark durable or returns an error matching
-// idem.ErrJournalWrite.
+// provider replays its answer. Attempt and Finish wait for their commit at
+// most 2 seconds (or their context's deadline): if PostgreSQL has not
+// taken the mark by then (a broken connection, the server away or
+// stalled), it is accepted and held in this process's memory, and written
+// in order, again and again, until PostgreSQL takes it. A crash of the
+// replica in that time loses it, with the same consequence: the operation
+// stays pending and is sent again under its key. Reads and changes of this
+// store wait for the held marks first (within their context, failing at
+// once while PostgreSQL does not take them), and Close makes every mark
+// durable or returns an error matching idem.ErrJournalWrite. A mark
+// PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is written
+// without its error text, or, refused again, dropped and logged
+// (WithLogger); it never holds back the marks after it. Error texts are
+// written as valid UTF-8 without NUL bytes, at most 2 KiB.
 //
 // Failures (ServerStore's are stated on its type): every error from
 // PostgreSQL — unreachable, restarted, terminated connections, a read that
-// failed — matches idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
-// transport sends nothing, and the store works again as soon as the pool
-// reaches the server (each connection the server closed while idle fails
-// once before the pool drops it).
+// failed — matches idem.ErrJournalWrite and wraps pgx's error; one that
+// refuses the role a privilege also matches ErrPermission. Reserve fails
+// closed: the transport sends nothing, and the store works again as soon
+// as the pool reaches the server. A Reserve (or Acquire) whose statement
+// went out and whose answer was lost (a connection cut after it was sent,
+// a deadline that passed while PostgreSQL had it) is tried again on
+// another connection, which finds the row if the lost try committed it;
+// if no try answers, the error matches idem.ErrOutcomeUnknown, not
+// idem.ErrJournalWrite: the key may be journaled, and the operation is in
+// doubt. Every call runs under its context, bounded by 30 seconds when the
+// context has no deadline (a Renew by a third of its lease), and Close
+// returns within 15 seconds whatever the database does.
 //
 // Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
 // unless WithSchema names another) and creates or migrates them on Open and
