@@ -223,3 +223,44 @@ func TestRefusedMarkDropped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, rec.State, "the mark after the refused ones")
 }
+
+// TestUnnamedOutcomeUnknownResend loses the answer to an unnamed call's
+// reservation: the caller's resend of the same payload joins the key the
+// error carried (resend matching), so the provider is charged once.
+func TestUnnamedOutcomeUnknownResend(t *testing.T) {
+	p, s, direct := viaProxy(t)
+	srv := idemtest.NewServer(http.HandlerFunc(charges))
+	defer srv.Close()
+	c := idem.New(s, quickRetries)
+	defer c.Close()
+	ctx := testContext(t)
+	send := func(ctx context.Context) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+chargePath, strings.NewReader(orderBody("u1")))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		return c.HTTPClient().Do(req)
+	}
+
+	p.SwallowAfter(`"order":"u1"`)
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := send(dctx)
+	cancel()
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var ie *idem.Error
+	require.ErrorAs(t, err, &ie)
+	require.NotEmpty(t, ie.Key)
+
+	var resp *http.Response
+	for try := 0; try < 8; try++ {
+		if resp, err = send(ctx); err == nil {
+			break
+		}
+	}
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	rec, err := direct.Get(ctx, ie.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, "the resend used the key the error carried")
+	assert.Equal(t, 1, srv.Stats().Runs, "charges")
+}
