@@ -230,18 +230,32 @@ func (s *Store) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	s.reserver.close(ctx)
-	err := s.marks.drain(ctx)
+	// Writing gets two thirds of the bound, closing connections the rest.
+	wctx, wcancel := context.WithTimeout(ctx, closeTimeout*2/3)
+	defer wcancel()
+	s.reserver.close(wctx)
+	err := s.marks.drain(wctx)
 	if err != nil {
 		err = fmt.Errorf("pgstore: close: %w", err)
-	} else if err = retry(ctx, s.barrier); err != nil {
+	} else if err = retry(wctx, s.barrier); err != nil {
 		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
 	}
 	s.cancel() // ends every statement still running, so their connections return to the pool
 	s.marks.close()
 	s.reserver.wait()
 	if s.ownPool {
-		s.pool.Close()
+		// pgx may hold a connection a little longer (a ping it started
+		// runs to its own deadline): the pool finishes closing in the
+		// background if it must.
+		closed := make(chan struct{})
+		go func() {
+			s.pool.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-ctx.Done():
+		}
 	}
 	return err
 }
