@@ -264,3 +264,45 @@ func TestUnnamedOutcomeUnknownResend(t *testing.T) {
 	assert.Equal(t, idem.StateSucceeded, rec.State, "the resend used the key the error carried")
 	assert.Equal(t, 1, srv.Stats().Runs, "charges")
 }
+
+// TestStalledFinishKeepsAnswer black-holes PostgreSQL while the provider
+// answers: the caller still reads its 201 to the end (Finish waits for its
+// commit only a bounded time, then holds the mark), and once PostgreSQL
+// answers again the held mark is written.
+func TestStalledFinishKeepsAnswer(t *testing.T) {
+	p, s, direct := viaProxy(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		charges(w, r)
+	}))
+	defer srv.Close()
+	c := idem.New(s, quickRetries)
+	defer c.Close()
+	ctx := testContext(t)
+
+	paid := make(chan error, 1)
+	go func() {
+		status, err := pay(ctx, c.HTTPClient(), srv.URL, "slow")
+		if err == nil && status != http.StatusCreated {
+			err = errors.New(http.StatusText(status))
+		}
+		paid <- err
+	}()
+	<-entered
+	key := keyOf(t, direct, "pay:slow")
+	p.Stall()
+	close(release)
+	select {
+	case err := <-paid:
+		require.NoError(t, err, "the answer read to its end while PostgreSQL stalls")
+	case <-ctx.Done():
+		t.Fatal("reading the answer waited for PostgreSQL")
+	}
+	p.Flow()
+	require.Eventually(t, func() bool {
+		rec, err := direct.Get(ctx, key)
+		return err == nil && rec.State == idem.StateSucceeded
+	}, time.Minute, 20*time.Millisecond, "the held finish mark is written once PostgreSQL answers")
+}
