@@ -305,7 +305,9 @@ type migration struct {
 }
 
 // migrations returns the embedded migrations in version order. Versions
-// must run 1, 2, 3, ... without gaps.
+// are unique and positive; they may have gaps (ranges reserved for lines
+// of work that land in any order), since a schema records each version
+// it applied, not only the latest.
 func migrations() ([]migration, error) {
 	entries, err := fs.ReadDir(migrationFS, "migrations")
 	if err != nil {
@@ -326,22 +328,55 @@ func migrations() ([]migration, error) {
 	}
 	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
 	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("pgstore: migration %s: want version %d", m.name, i+1)
+		if m.version < 1 || i > 0 && m.version == ms[i-1].version {
+			return nil, fmt.Errorf("pgstore: migration %s: version %d is not positive or not unique", m.name, m.version)
 		}
 	}
 	return ms, nil
+}
+
+// missing returns the migrations of ms whose versions applied does not
+// hold, in version order.
+func missing(ms []migration, applied map[int]bool) []migration {
+	var out []migration
+	for _, m := range ms {
+		if !applied[m.version] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// querier is what appliedVersions needs of a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// appliedVersions returns the versions recorded in table.
+func appliedVersions(ctx context.Context, q querier, table string) (map[int]bool, error) {
+	rows, err := q.Query(ctx, `SELECT version FROM `+table)
+	if err != nil {
+		return nil, err
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	applied := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		applied[int(v)] = true
+	}
+	return applied, err
 }
 
 // migrateLockClass is the first half of the advisory lock key that
 // serializes migrations; the second half is a hash of the schema name.
 const migrateLockClass = 0x1de4 // "idem"
 
-// migrate creates the schema and applies the migrations it lacks, in one
+// migrate creates the schema and applies the migrations it lacks (each
+// embedded version not recorded in its migrations table), in one
 // transaction that first takes a transaction-level advisory lock: replicas
 // that start at once wait for each other, and the later ones find the work
 // done. A schema migrated by a newer version of this package (versions
-// beyond the embedded ones) is used as it is; migrations only add. Every
+// this one does not embed) is used as it is; migrations only add. A
+// schema that lacks none of them is opened without a write. Every
 // migration runs whichever store opens the schema, so the client's Store
 // and the ServerStore always find all their tables. Errors match sentinel,
 // the calling store's error for a database it cannot write.
@@ -360,9 +395,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 	}
 	// A schema migrated already needs nothing but reads: a role with only
 	// the privileges to use it opens it.
-	if have, err := migratedVersion(ctx, pool, schema); err != nil {
+	if applied, err := migratedVersions(ctx, pool, schema); err != nil {
 		return fail("read version", err)
-	} else if have >= len(ms) {
+	} else if len(missing(ms, applied)) == 0 {
 		return nil
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -390,11 +425,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		)`); err != nil {
 			return fail("create migrations table", err)
 		}
-		var have int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM migrations`).Scan(&have); err != nil {
+		applied, err := appliedVersions(ctx, tx, "migrations")
+		if err != nil {
 			return fail("read version", err)
 		}
-		for _, m := range ms[min(have, len(ms)):] {
+		for _, m := range missing(ms, applied) {
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return fail(m.name, err)
 			}
@@ -410,15 +445,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 	return err
 }
 
-// migratedVersion returns the latest migration applied to schema, 0 when
+// migratedVersions returns the migrations applied to schema, none when
 // the schema or its migrations table does not exist.
-func migratedVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
+func migratedVersions(ctx context.Context, pool *pgxpool.Pool, schema string) (map[int]bool, error) {
 	table := pgx.Identifier{schema, "migrations"}.Sanitize()
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil || !exists {
-		return 0, err
+		return nil, err
 	}
-	var have int
-	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&have)
-	return have, err
+	return appliedVersions(ctx, pool, table)
 }
