@@ -25,7 +25,9 @@
 //
 // The provider is an in-process idemtest server on loopback; nothing needs
 // setting up. The journal is kept in a temporary directory for inspection;
-// the program prints its path.
+// the program prints its path. The driver's plumbing (the pool of payments,
+// the tries, the ledger of charges per order) is internal/chaoskit, shared
+// with idem's chaos tests.
 //
 // Run it with: go run ./examples/checkout [-trace]
 package main
@@ -53,6 +55,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/chaoskit"
 )
 
 const (
@@ -149,7 +152,7 @@ func shop(ctx context.Context, journal, url string) error {
 			say("resumed %d error", n)
 			return
 		}
-		ok := charged(resp, n)
+		ok := chaoskit.Answer(resp, n)
 		say("resumed %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
 		if ok {
 			mu.Lock()
@@ -166,33 +169,24 @@ func shop(ctx context.Context, journal, url string) error {
 	if os.Getenv(envTrace) != "" {
 		tr = &tracer{}
 	}
-	jobs := make(chan int)
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for range workers {
-		wg.Go(func() {
-			for n := range jobs {
-				if !pay(ctx, client.HTTPClient(), url, n, tr) {
-					failed.Add(1)
-				}
+	unpaid := func(yield func(int) bool) {
+		for n := 1; n <= orders; n++ {
+			mu.Lock()
+			done := paid[n]
+			mu.Unlock()
+			if !done && !yield(n) {
+				return
 			}
-		})
-	}
-	for n := 1; n <= orders; n++ {
-		mu.Lock()
-		done := paid[n]
-		mu.Unlock()
-		if !done {
-			jobs <- n
 		}
 	}
-	close(jobs)
-	wg.Wait()
+	failed := chaoskit.Pool(workers, unpaid, func(n int) bool {
+		return pay(ctx, client.HTTPClient(), url, n, tr)
+	})
 	if err := client.Close(); err != nil {
 		return err
 	}
 	say("closed")
-	if n := failed.Load(); n > 0 {
+	if n := failed; n > 0 {
 		return fmt.Errorf("%d orders could not be paid", n)
 	}
 	return nil
@@ -205,15 +199,14 @@ func paidOrders(ctx context.Context, journal string) (map[int]bool, error) {
 		return nil, err
 	}
 	defer store.Close()
+	done, _, err := chaoskit.Done(ctx, store.Named, chaoskit.Names(orders, func(i int) string { return orderName(i + 1) }))
+	if err != nil {
+		return nil, err
+	}
 	paid := make(map[int]bool)
-	for n := 1; n <= orders; n++ {
-		op, err := store.Named(ctx, orderName(n))
-		switch {
-		case errors.Is(err, idem.ErrNotFound):
-		case err != nil:
-			return nil, err
-		case op.State == idem.StateSucceeded:
-			paid[n] = true
+	for i, ok := range done {
+		if ok {
+			paid[i+1] = true
 		}
 	}
 	return paid, store.Close()
@@ -232,39 +225,22 @@ func pay(ctx context.Context, hc *http.Client, url string, n int, tr *tracer) bo
 			}
 		}()
 	}
-	for try := range 5 {
-		if try > 0 {
-			select {
-			case <-time.After(100 * time.Millisecond):
-			case <-ctx.Done():
-				return false
-			}
-		}
-		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, orderName(n)), http.MethodPost, url+"/v1/charges", strings.NewReader(orderBody(n)))
+	return chaoskit.Try(ctx, 5, 100*time.Millisecond, func(int) (bool, error) {
+		req, err := chaoskit.Post(idem.WithOperation(ctx, orderName(n)), url+"/v1/charges", orderBody(n))
 		if err != nil {
-			return false
+			return false, err
 		}
-		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", apiKey)
 		resp, err := hc.Do(req)
 		if err != nil {
-			continue // outcome unknown: the same name is the same key
+			return false, nil // outcome unknown: the same name is the same key
 		}
-		if charged(resp, n) {
-			say("paid %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
-			return true
+		if !chaoskit.Answer(resp, n) { // the provider's charge for order n
+			return false, nil
 		}
-	}
-	return false
-}
-
-// charged reads and closes resp and reports whether it is the provider's
-// charge for order n.
-func charged(resp *http.Response, n int) bool {
-	defer resp.Body.Close()
-	var c struct{ Order int }
-	err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&c)
-	return resp.StatusCode/100 == 2 && err == nil && c.Order == n
+		say("paid %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
+		return true, nil
+	})
 }
 
 // ---------------------------------------------------------------------------
@@ -510,22 +486,15 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 		return rep, fmt.Errorf("restarted shop: %w", err)
 	}
 
-	st := p.Stats()
-	rep.Attempts, rep.Faults, rep.Conflicts, rep.Replays = st.Requests, st.Faults, st.Conflicts, st.Replays
 	p.mu.Lock()
+	charges := make([]int, orders)
 	for n := 1; n <= orders; n++ {
-		switch c := p.ledger[n]; {
-		case c == 0:
-			rep.Lost++
-		case c > 1:
-			rep.Duplicates++
-		}
-		if p.ledger[n] > 0 {
-			rep.Paid++
-		}
+		charges[n-1] = p.ledger[n]
 	}
 	p.mu.Unlock()
-	rep.Duplicates = max(rep.Duplicates, st.DuplicateKeys())
+	l := chaoskit.Tally(p.Stats(), charges)
+	rep.Attempts, rep.Faults, rep.Conflicts, rep.Replays = l.Requests, l.Faults, l.Conflicts, l.Replays
+	rep.Paid, rep.Duplicates, rep.Lost = l.Paid, l.Duplicates, l.Lost
 	rep.write(w)
 	if rep.Duplicates != 0 || rep.Lost != 0 {
 		return rep, fmt.Errorf("%d orders charged more than once, %d never charged", rep.Duplicates, rep.Lost)
