@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -259,19 +258,7 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6368616f73)) // kill points
 
-	srv := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in struct{ Order string }
-		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" {
-			http.Error(w, "bad order", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"order":%q,"charge":"ch_%s"}`, in.Order, uuid.NewString())
-	}),
-		idemtest.WithFaultRates(cfg.rates),
-		idemtest.WithRetryAfter(time.Second), // capped at 10ms by the client
-		idemtest.WithFaultDelay(2*time.Millisecond))
+	srv := chaoskit.Provider(cfg.rates) // Retry-After capped at 10ms by the client
 	defer srv.Close()
 
 	journal := filepath.Join(t.TempDir(), "journal.db")

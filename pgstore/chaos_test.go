@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -293,22 +292,10 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	require.NoError(t, err)
 	defer store.Close()
 
-	srv := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in struct{ Order string }
-		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" {
-			http.Error(w, "bad order", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"order":%q}`, in.Order)
-	}),
-		idemtest.WithFaultRates(idemtest.FaultRates{
-			Seed: seed, DropBefore: 0.05, DropAfter: 0.08, Delay: 0.04,
-			Unavailable: 0.05, TooManyRequests: 0.04, InProgress: 0.03,
-		}),
-		idemtest.WithRetryAfter(time.Second), // capped at 10ms by the replicas
-		idemtest.WithFaultDelay(2*time.Millisecond))
+	srv := chaoskit.Provider(idemtest.FaultRates{ // Retry-After capped at 10ms by the replicas
+		Seed: seed, DropBefore: 0.05, DropAfter: 0.08, Delay: 0.04,
+		Unavailable: 0.05, TooManyRequests: 0.04, InProgress: 0.03,
+	})
 	defer srv.Close()
 
 	lifetime := 3*time.Minute + time.Duration(cfg.ops)*20*time.Millisecond

@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/chaoskit"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
 )
@@ -32,17 +32,9 @@ import (
 const chargePath = "/v1/charges"
 
 // charges is a provider's charge endpoint: it answers 201 with the order
-// it was given. Wrapped in idemtest.NewServer, which counts its runs.
-func charges(w http.ResponseWriter, r *http.Request) {
-	var in struct{ Order string }
-	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" {
-		http.Error(w, "bad order", http.StatusBadRequest)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"order":%q,"charge":"ch_%s"}`, in.Order, uuid.NewString())
-}
+// it was given and a fresh charge id. Wrapped in idemtest.NewServer, which
+// counts its runs.
+var charges = chaoskit.Orders
 
 func orderBody(order string) string { return fmt.Sprintf(`{"order":%q,"amount":4200}`, order) }
 

@@ -180,3 +180,21 @@ func TestLedgerString(t *testing.T) {
 	assert.True(t, strings.HasPrefix(s, "2 operations, 3 requests (1.500 per operation)"), s)
 	assert.Contains(t, s, "faults [delay 2, drop-after 1]")
 }
+
+func TestProvider(t *testing.T) {
+	srv := Provider(idemtest.FaultRates{})
+	defer srv.Close()
+	post := func(key, body string) *http.Response {
+		req, err := Post(t.Context(), srv.URL+"/v1/orders", body)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	assert.True(t, Answer(post("k1", `{"order":"order-1"}`), "order-1"))
+	bad := post("k2", `{"amount":1}`)
+	assert.Equal(t, http.StatusBadRequest, bad.StatusCode, "an order without a name")
+	assert.False(t, Answer(bad, "order-1"))
+	assert.Equal(t, 1, srv.Stats().RunsByKey["k1"])
+}
