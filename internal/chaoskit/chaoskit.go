@@ -14,13 +14,18 @@
 //     and [SendRT] give a client that announces every attempt, [Done] and
 //     [Succeeded] read what the journal records as done, [Pool] and [Try]
 //     drive the operations, [Answer] tells a provider's answer;
-//   - the parent's side: [Flags] are a test's flags, [KillLife] kills a child
+//   - the parent's side: [Provider] is the faulty provider of [Orders],
+//     [Flags] are a test's flags, [KillLife] kills a child
 //     at a random point of its work ([KillPoint]), [Scan] reads a child's
 //     lines, and a [Ledger] counts charges per operation and checks that
 //     none is duplicated, lost, left pending or sent under a key the
 //     journal does not hold ([Ledger.Assert]).
 //
-// A child writes its lines with [crashtest.Emit]: "todo <n>" first (the
+// The checkout demo re-executes itself as a plain program, not a test
+// binary: it uses the pool, the tries, the answers and the ledger, and
+// keeps its own process handling and lines.
+//
+// A chaos test's child writes its lines with [crashtest.Emit]: "todo <n>" first (the
 // operations it has to do), then "send <key>" per attempt, "resumed <name>
 // <status>" per resumed operation, "gaveup <name>" for an operation still
 // failing after its tries, "fatal <msg>" on a setup error and "complete"
