@@ -341,3 +341,72 @@ func TestMapOpenError(t *testing.T) {
 		assert.ErrorIs(t, got, tc.err, "loses nothing")
 	}
 }
+
+// fdsOn counts this process's open file descriptors on the file at path.
+func fdsOn(t *testing.T, path string) int {
+	t.Helper()
+	want, err := os.Stat(path)
+	require.NoError(t, err)
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd here (%v)", err)
+	}
+	n := 0
+	for _, e := range ents {
+		if fi, err := os.Stat(filepath.Join("/proc/self/fd", e.Name())); err == nil && os.SameFile(fi, want) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestAnOpenerWaitingForAFileThatIsReplacedTakesTheNewOne(t *testing.T) {
+	// A holds the file; B waits for its lock; the file is replaced (as a
+	// compaction by A does) and A lets go. B got the old file's lock, but
+	// that file no longer has the name: B opens the new one.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.db")
+	a := open(t, path)
+	old := filepath.Join(dir, "old.db")
+	require.NoError(t, os.Link(path, old)) // to find B's handle on the old file
+
+	type result struct {
+		f   *boltfile.File
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		o := options()
+		o.LockTimeout = time.Minute // bounded; A lets go as soon as B waits
+		f, err := boltfile.Open(path, o)
+		done <- result{f, err}
+	}()
+	// B waits once it holds a descriptor of the old file besides A's.
+	for i := 0; fdsOn(t, old) < 2; i++ {
+		require.Less(t, i, 100000, "B never opened the file")
+		select {
+		case r := <-done:
+			t.Fatalf("B returned before A let go: %v", r.err)
+		default:
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// The replacement, with a record of its own.
+	repl := filepath.Join(dir, "new.db")
+	n := open(t, repl)
+	require.NoError(t, n.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketA).Put([]byte("new"), []byte("v")) }))
+	require.NoError(t, n.Release())
+	require.NoError(t, os.Rename(repl, path))
+	require.NoError(t, a.Release())
+
+	r := <-done
+	require.NoError(t, r.err)
+	defer r.f.Release()
+	require.NoError(t, r.f.StillNamed(), "B holds the file now at the path")
+	require.NoError(t, r.f.View(func(tx *bolt.Tx) error {
+		assert.Equal(t, []byte("v"), tx.Bucket(bucketA).Get([]byte("new")))
+		return nil
+	}))
+	assert.Equal(t, 0, fdsOn(t, old), "B let go of the old file")
+}
