@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strings"
 
 	"github.com/idemgo/idem/internal/codec"
@@ -161,16 +160,8 @@ func joinUnreadable(ops []Operation) error {
 // each, until the end or a damaged page. It recovers from bbolt's panics
 // and faults without marking the store broken: a read transaction holds
 // no lock bbolt would leave behind.
-func (f *boltFile) salvageWalk(backward bool, stop string, fn func(Operation)) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: a page of the journal file is damaged (bbolt: %v)", ErrJournalCorrupt, p)
-		}
-	}()
-	f.readers.RLock()
-	defer f.readers.RUnlock()
-	return f.db.View(func(tx *bolt.Tx) error {
+func (f *boltFile) salvageWalk(backward bool, stop string, fn func(Operation)) error {
+	return f.Salvage(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
 			return err

@@ -2,30 +2,24 @@ package idem
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/idemgo/idem/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
 
-// This file holds the bbolt file handling of BoltStore: opening and
-// locking the file (the one at the path), the format marker, turning
-// bbolt's faults into idem's sentinels, the checks that the file still has
-// its name and has not gone back to an older copy. boltcompact.go compacts
-// it at Open, boltscrub.go scrubs its free pages, boltcheck.go checks its
-// records, boltstore.go holds the KeyStore methods, boltrecord.go the
-// records, boltwalk.go the walks.
+// This file holds BoltStore's options, its buckets and format marker and
+// its file; the file handling itself (opening and locking the file at the
+// path, the format marker, compaction at Open, turning bbolt's faults into
+// idem's sentinels, the checks that the file still has its name and has
+// not gone back to an older copy) is internal/boltfile's, shared with
+// idemserver's BoltStore. boltscrub.go scrubs its free pages, boltcheck.go
+// checks its records, boltstore.go holds the KeyStore methods,
+// boltrecord.go the records, boltwalk.go the walks.
 
 // BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
 // means the default.
@@ -99,21 +93,13 @@ var (
 // half empty.
 const opsFill = 0.9
 
-// boltFile is the bbolt file of a BoltStore and what guards it.
+// boltFile is the bbolt file of a BoltStore (internal/boltfile: opening,
+// locking, format marker, compaction at Open, the fault guard, the
+// "still the file at this path" and "not gone back" checks) and the state
+// of its scrubs (boltscrub.go).
 type boltFile struct {
-	path     string // the journal's path, as given (perhaps a symbolic link)
-	real     string // the file it names, links resolved: what is opened and compacted
-	timeout  time.Duration
-	modified time.Time // the file's modification time when it was opened
-	db       *bolt.DB
-	file     *os.File    // bbolt's file handle, to release a broken journal
-	id       os.FileInfo // the open file, to tell whether path still names it
-	broken   atomic.Bool // bbolt panicked or faulted; its locks may be held
+	*boltfile.File
 
-	// readers is held shared by read transactions and exclusively while
-	// free pages are scrubbed: a reader's snapshot may still use a page
-	// that bbolt lists as free.
-	readers sync.RWMutex
 	// scrubbed[id] is set for a free page that was zeroed and stayed free.
 	scrubbed []bool
 	// dropped is the highest transaction ID that dropped a request;
@@ -121,194 +107,41 @@ type boltFile struct {
 	dropped, scrubbedTo atomic.Uint64
 	// kick, if set, is called when a transaction drops a request.
 	kick func()
-	// seenTx is the highest bbolt transaction ID this handle has seen
-	// committed. IDs only grow: a lower one means the file was overwritten
-	// in place with an older copy.
-	seenTx atomic.Uint64
-	// beforeCompact, if set, runs when Open has decided to compact, with
-	// the journal's lock held (a test hook).
-	beforeCompact func()
 }
 
-// openFile opens, or creates, the bbolt file at path and checks its
-// format. Only a missing file creates a journal: an existing empty or short
-// file is a lost journal (ErrJournalCorrupt).
+// journalErrors are the sentinels the journal file's errors match.
+var journalErrors = boltfile.Errors{
+	Locked:  ErrJournalLocked,
+	Corrupt: ErrJournalCorrupt,
+	Write:   ErrJournalWrite,
+	Closed:  ErrClosed,
+}
+
+// openFile opens, or creates, the bbolt file at path, checks its format
+// and compacts it if it is mostly free. Only a missing file creates a
+// journal: an existing empty or short file is a lost journal
+// (ErrJournalCorrupt).
 func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
-	f := &boltFile{path: path, real: path, timeout: timeout, beforeCompact: beforeCompact}
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
 	}
-	fi, err := os.Stat(path)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil, fmt.Errorf("open journal %s: %w: the path is a directory", path, ErrJournalWrite)
-	case err == nil && fi.Size() == 0:
-		return nil, fmt.Errorf("open journal %s: %w: the file is empty: a journal that lost its contents, not a new one (remove it to start a new journal)", path, ErrJournalCorrupt)
-	case errors.Is(err, fs.ErrNotExist):
-		if di, derr := os.Stat(filepath.Dir(path)); derr != nil {
-			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %w", path, ErrJournalWrite, derr)
-		} else if !di.IsDir() {
-			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %s is not a directory", path, ErrJournalWrite, filepath.Dir(path))
-		}
-	case err != nil:
-		return nil, fmt.Errorf("open journal %s: %w: %w", path, ErrJournalWrite, err)
-	}
-	if err == nil {
-		f.modified = fi.ModTime()
-	}
-	if err := f.open(timeout); err != nil {
-		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	}
-	if err := f.init(); err != nil {
-		_ = f.release()
-		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	}
-	if err := f.compactIfMostlyFree(); err != nil {
-		_ = f.release()
-		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	}
-	return f, nil
-}
-
-// open opens the bbolt file, waiting up to timeout for its lock, and
-// makes sure that the file it locked is still the one at the journal's
-// path: another opener may have replaced it (compacted it) while this one
-// waited. It then tries again with the file now at the path, within the
-// same timeout.
-func (f *boltFile) open(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if r, err := filepath.EvalSymlinks(f.path); err == nil {
-			f.real = r
-		}
-		if err := f.openLocked(max(time.Until(deadline), time.Millisecond)); err != nil {
-			return err
-		}
-		fi, err := os.Stat(f.path)
-		if err == nil && os.SameFile(fi, f.id) {
-			return nil
-		}
-		_ = f.release()
-		if err == nil && time.Now().Before(deadline) {
-			continue // replaced while this opener waited: lock the new file
-		}
-		if err == nil {
-			return fmt.Errorf("%w: the journal file was replaced while this opener waited for its lock, and the new one stayed locked", ErrJournalLocked)
-		}
-		return fmt.Errorf("%w: the journal file was removed while this opener waited for its lock: %w", ErrJournalWrite, err)
-	}
-}
-
-// openLocked opens f.real with bbolt and maps its errors to idem's
-// sentinels. A damaged file can make bbolt panic or fault on its memory
-// map; both are turned into ErrJournalCorrupt.
-func (f *boltFile) openLocked(timeout time.Duration) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			if f.file != nil {
-				_ = f.file.Close()
-			}
-			f.db, err = nil, fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
-		}
-	}()
-	f.file = nil
-	f.db, err = bolt.Open(f.real, 0o600, &bolt.Options{
-		Timeout:      timeout,
-		FreelistType: bolt.FreelistMapType,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			file, err := os.OpenFile(name, flag, perm)
-			f.file = file
-			return file, err
-		},
+	bf, err := boltfile.Open(path, boltfile.Options{
+		Kind:          "journal",
+		Foreign:       "an idem journal",
+		Errors:        journalErrors,
+		LockTimeout:   timeout,
+		Meta:          bucketMeta,
+		FormatKey:     metaFormatKey,
+		Marker:        metaFormat,
+		CheckFormat:   checkFormat,
+		Buckets:       [][]byte{bucketOps, bucketNames},
+		Compact:       true,
+		BeforeCompact: beforeCompact,
 	})
 	if err != nil {
-		return mapOpenError(err)
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
-	if f.id, err = f.file.Stat(); err != nil {
-		_ = f.db.Close()
-		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-	}
-	return nil
-}
-
-func mapOpenError(err error) error {
-	switch {
-	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: %w", ErrJournalLocked, err)
-	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
-		errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping):
-		return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS),
-		errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
-		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-	}
-	// bbolt reports most damage (a file shorter than its pages, a bad
-	// page) with plain errors; anything else from opening an existing file
-	// is damage too.
-	return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
-}
-
-// init checks the size and format marker and creates the buckets of a new
-// journal. A bbolt file with other buckets and no marker is foreign.
-func (f *boltFile) init() error {
-	// A file shorter than the pages its meta page claims was truncated;
-	// reading those pages would fault.
-	err := f.view(func(tx *bolt.Tx) error {
-		if f.id.Size() < tx.Size() {
-			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrJournalCorrupt, f.id.Size(), tx.Size())
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	// An existing journal is only read here: Open writes nothing to it.
-	ready := false
-	err = f.view(func(tx *bolt.Tx) error {
-		m := tx.Bucket(bucketMeta)
-		if m == nil {
-			return nil
-		}
-		if err := checkFormat(m.Get(metaFormatKey)); err != nil {
-			return err
-		}
-		ready = tx.Bucket(bucketOps) != nil && tx.Bucket(bucketNames) != nil
-		return nil
-	})
-	if err != nil || ready {
-		return err
-	}
-	return f.update(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(bucketMeta); m != nil {
-			if err := checkFormat(m.Get(metaFormatKey)); err != nil {
-				return err
-			}
-		} else {
-			foreign := false
-			_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-				foreign = true
-				return errors.New("stop")
-			})
-			if foreign {
-				return fmt.Errorf("%w: not an idem journal (no format marker)", ErrJournalCorrupt)
-			}
-			m, err := tx.CreateBucket(bucketMeta)
-			if err != nil {
-				return err
-			}
-			if err := m.Put(metaFormatKey, metaFormat); err != nil {
-				return err
-			}
-		}
-		for _, name := range [][]byte{bucketOps, bucketNames} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return fmt.Errorf("%w: bucket %s: %w", ErrJournalCorrupt, name, err)
-			}
-		}
-		return nil
-	})
+	return &boltFile{File: bf}, nil
 }
 
 // checkFormat checks the journal's format marker: the current format is
@@ -329,129 +162,11 @@ func checkFormat(got []byte) error {
 	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", ErrRecordVersion, got, metaFormat)
 }
 
-// release closes the bbolt file. After bbolt panicked its locks may be
-// held, so DB.Close would block forever: then only the file is closed,
-// which releases the lock on it, and the memory map is left behind.
-func (f *boltFile) release() error { return releaseDB(f.db, f.file, f.broken.Load()) }
+// The store's calls into the file, by their names before the file
+// handling moved into internal/boltfile.
 
-func releaseDB(db *bolt.DB, file *os.File, broken bool) error {
-	if broken {
-		return file.Close()
-	}
-	return db.Close()
-}
-
-// corrupt turns the value bbolt panicked with (a damaged page) into an
-// error matching ErrJournalCorrupt; after one, the store refuses all
-// access.
-func (f *boltFile) corrupt(p any) error {
-	f.broken.Store(true)
-	return fmt.Errorf("%w: a page of the journal file is damaged (bbolt: %v)", ErrJournalCorrupt, p)
-}
-
-// guarded runs fn with a fault or panic inside bbolt turned into
-// ErrJournalCorrupt.
-func (f *boltFile) guarded(fn func() error) (err error) {
-	if f.broken.Load() {
-		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			err = f.corrupt(p)
-		}
-	}()
-	return fn()
-}
-
-// stillNamed returns an error matching ErrJournalWrite if the journal's
-// path no longer names the open file (it was removed, renamed or
-// replaced): a change written to an unlinked file would be lost.
-func (f *boltFile) stillNamed() error {
-	fi, err := os.Stat(f.path)
-	if err == nil && os.SameFile(fi, f.id) {
-		return nil
-	}
-	if err == nil {
-		err = errors.New("the path names another file now")
-	}
-	return fmt.Errorf("%w: journal file %s was removed or replaced while open: %w", ErrJournalWrite, f.path, err)
-}
-
-// update runs fn in one durable bbolt transaction, guarded; a failed
-// commit, and a journal whose file lost its name, become ErrJournalWrite.
-func (f *boltFile) update(fn func(*bolt.Tx) error) error {
-	return f.guarded(func() error {
-		if err := f.stillNamed(); err != nil {
-			return err
-		}
-		var fnErr error
-		var id uint64
-		// floor is read before the transaction begins: any transaction
-		// that begins later has a higher ID, unless the file went back.
-		floor := f.seenTx.Load()
-		err := f.db.Update(func(tx *bolt.Tx) error {
-			// A writable transaction's ID is the last committed one plus
-			// one: it must be above every ID this handle had seen.
-			if id = uint64(tx.ID()); id <= floor {
-				fnErr = f.wentBack(id-1, floor)
-				return fnErr
-			}
-			fnErr = fn(tx)
-			return fnErr
-		})
-		if err == nil {
-			f.sawTx(id)
-		}
-		if err != nil && fnErr == nil {
-			if errors.Is(err, syscall.EFBIG) {
-				// bbolt asked for pages far beyond the file: a damaged
-				// free list or branch page does that.
-				return fmt.Errorf("%w: %w: %w", ErrJournalWrite, ErrJournalCorrupt, err)
-			}
-			return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-		}
-		return err
-	})
-}
-
-// sawTx records that transaction id was committed.
-func (f *boltFile) sawTx(id uint64) {
-	for {
-		old := f.seenTx.Load()
-		if id <= old || f.seenTx.CompareAndSwap(old, id) {
-			return
-		}
-	}
-}
-
-// wentBack returns the error for a file whose last transaction, id, is
-// older than one this handle saw (seen): it was overwritten in place with an
-// older copy (a restored backup), which has lost what was committed
-// since. The store refuses all further access.
-func (f *boltFile) wentBack(id, seen uint64) error {
-	f.broken.Store(true)
-	return fmt.Errorf("%w: journal file %s was overwritten with an older copy while open (its last transaction is %d, this process saw %d): "+
-		"changes made since are lost; keep both files and reconcile the pending operations by their keys", ErrJournalCorrupt, f.path, id, seen)
-}
-
-// view runs fn in a read transaction, guarded.
-func (f *boltFile) view(fn func(*bolt.Tx) error) error {
-	return f.guarded(func() error {
-		f.readers.RLock()
-		defer f.readers.RUnlock()
-		floor := f.seenTx.Load() // before the transaction begins, as in update
-		err := f.db.View(func(tx *bolt.Tx) error {
-			id := uint64(tx.ID())
-			if id < floor {
-				return f.wentBack(id, floor)
-			}
-			f.sawTx(id)
-			return fn(tx)
-		})
-		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-			return ErrClosed
-		}
-		return err
-	})
-}
+func (f *boltFile) view(fn func(*bolt.Tx) error) error   { return f.View(fn) }
+func (f *boltFile) update(fn func(*bolt.Tx) error) error { return f.Update(fn) }
+func (f *boltFile) corrupt(p any) error                  { return f.Corrupt(p) }
+func (f *boltFile) release() error                       { return f.Release() }
+func (f *boltFile) stillNamed() error                    { return f.StillNamed() }

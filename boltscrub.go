@@ -38,8 +38,7 @@ func (f *boltFile) scrubDue() bool { return f.dropped.Load() > f.scrubbedTo.Load
 // one. The zeros reach the disk with tx's commit. Pages freed by tx itself
 // are freed when it commits: the next scrub zeroes them.
 func (f *boltFile) scrub(tx *bolt.Tx) error {
-	f.readers.Lock()
-	defer f.readers.Unlock()
+	defer f.HoldReaders()()
 	ps := tx.DB().Info().PageSize
 	hwm := int(tx.Size() / int64(ps)) // pages in use or free; beyond is unused
 	if len(f.scrubbed) < hwm {
@@ -50,7 +49,7 @@ func (f *boltFile) scrub(tx *bolt.Tx) error {
 	flush := func() error {
 		for runLen > 0 {
 			n := min(runLen, 64)
-			if _, err := f.file.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
+			if _, err := f.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
 				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
 			}
 			run, runLen = run+n, runLen-n

@@ -99,7 +99,7 @@ var (
 // journal. A Client uses it to bound how far it trusts its wall clock when
 // it sweeps.
 func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
-	return s.f.modified, nil
+	return s.f.Modified(), nil
 }
 
 // OpenBoltStore opens the journal at path, creating the file (mode 0600) if
@@ -139,8 +139,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 			// The check only reads: a panic in its read transaction left
 			// no bbolt lock held (View rolls back), so the file is closed
 			// in full, unmapped too, which releases its lock.
-			f.broken.Store(false)
-			_ = f.release()
+			_ = f.ReleaseAfterRead()
 			return nil, fmt.Errorf("open journal %s: %w", path, err)
 		}
 	}
@@ -582,13 +581,13 @@ func (s *BoltStore) Close() error {
 			werr = fmt.Errorf("idem: close journal: %w: %w", ErrJournalWrite, err)
 		}
 	}
-	if werr == nil && s.f.scrubDue() && !s.f.broken.Load() {
+	if werr == nil && s.f.scrubDue() && !s.f.Broken() {
 		serr = s.f.update(s.f.scrub)
 	}
 	// A journal replaced under this store (renamed over, or overwritten in
 	// place with an older copy) is reported: what it accepted may be lost.
 	var rerr error
-	if !s.f.broken.Load() {
+	if !s.f.Broken() {
 		rerr = s.f.view(func(*bolt.Tx) error { return nil })
 		if rerr == nil {
 			rerr = s.f.stillNamed()
