@@ -2,29 +2,24 @@ package idem
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/idemgo/idem/internal/groupcommit"
+	"github.com/idemgo/idem/internal/boltfile"
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 )
 
-// This file holds the bbolt file handling of BoltStore: opening and
-// checking the file, the format marker, turning bbolt's faults into idem's
-// sentinels, the check that the file still has its name, and scrubbing the
-// free pages. boltstore.go holds the KeyStore methods.
+// This file holds BoltStore's options, its buckets and format marker and
+// its file; the file handling itself (opening and locking the file at the
+// path, the format marker, compaction at Open, turning bbolt's faults into
+// idem's sentinels, the checks that the file still has its name and has
+// not gone back to an older copy) is internal/boltfile's, shared with
+// idemserver's BoltStore. boltscrub.go scrubs its free pages, boltcheck.go
+// checks its records, boltstore.go holds the KeyStore methods,
+// boltrecord.go the records, boltwalk.go the walks.
 
 // BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
 // means the default.
@@ -60,6 +55,16 @@ type BoltOptions struct {
 	// perWrite makes every change its own bbolt Update, without group
 	// commit. It exists for the benchmarks' baseline.
 	perWrite bool
+	// SkipCheck opens a journal without Open's check of its pending
+	// records and name mappings, for tools that read what they can of a
+	// damaged journal (the idem command's ls, pending, show and stats,
+	// with BoltStore.Salvage). An application must not set it: the check
+	// is what keeps it from trusting a damaged journal.
+	SkipCheck bool
+
+	// beforeCompact runs when Open has decided to compact the journal,
+	// with its lock held. It exists for tests.
+	beforeCompact func()
 }
 
 // Defaults of BoltOptions.
@@ -88,19 +93,13 @@ var (
 // half empty.
 const opsFill = 0.9
 
-// boltFile is the bbolt file of a BoltStore and what guards it.
+// boltFile is the bbolt file of a BoltStore (internal/boltfile: opening,
+// locking, format marker, compaction at Open, the fault guard, the
+// "still the file at this path" and "not gone back" checks) and the state
+// of its scrubs (boltscrub.go).
 type boltFile struct {
-	path     string
-	modified time.Time // the file's modification time when it was opened
-	db       *bolt.DB
-	file     *os.File    // bbolt's file handle, to release a broken journal
-	id       os.FileInfo // the open file, to tell whether path still names it
-	broken   atomic.Bool // bbolt panicked or faulted; its locks may be held
+	*boltfile.File
 
-	// readers is held shared by read transactions and exclusively while
-	// free pages are scrubbed: a reader's snapshot may still use a page
-	// that bbolt lists as free.
-	readers sync.RWMutex
 	// scrubbed[id] is set for a free page that was zeroed and stayed free.
 	scrubbed []bool
 	// dropped is the highest transaction ID that dropped a request;
@@ -110,213 +109,39 @@ type boltFile struct {
 	kick func()
 }
 
-// openFile opens, or creates, the bbolt file at path and checks its
-// format. Only a missing file creates a journal: an existing empty or short
-// file is a lost journal (ErrJournalCorrupt).
-func openFile(path string, timeout time.Duration) (*boltFile, error) {
-	f := &boltFile{path: path}
+// journalErrors are the sentinels the journal file's errors match.
+var journalErrors = boltfile.Errors{
+	Locked:  ErrJournalLocked,
+	Corrupt: ErrJournalCorrupt,
+	Write:   ErrJournalWrite,
+	Closed:  ErrClosed,
+}
+
+// openFile opens, or creates, the bbolt file at path, checks its format
+// and compacts it if it is mostly free. Only a missing file creates a
+// journal: an existing empty or short file is a lost journal
+// (ErrJournalCorrupt).
+func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
 	}
-	fi, err := os.Stat(path)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil, fmt.Errorf("open journal %s: %w: the path is a directory", path, ErrJournalWrite)
-	case err == nil && fi.Size() == 0:
-		return nil, fmt.Errorf("open journal %s: %w: the file is empty: a journal that lost its contents, not a new one (remove it to start a new journal)", path, ErrJournalCorrupt)
-	case errors.Is(err, fs.ErrNotExist):
-		if di, derr := os.Stat(filepath.Dir(path)); derr != nil {
-			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %w", path, ErrJournalWrite, derr)
-		} else if !di.IsDir() {
-			return nil, fmt.Errorf("open journal %s: %w: cannot create it: %s is not a directory", path, ErrJournalWrite, filepath.Dir(path))
-		}
-	case err != nil:
-		return nil, fmt.Errorf("open journal %s: %w: %w", path, ErrJournalWrite, err)
-	}
-	if err == nil {
-		f.modified = fi.ModTime()
-	}
-	if err := f.open(timeout); err != nil {
+	bf, err := boltfile.Open(path, boltfile.Options{
+		Kind:          "journal",
+		Foreign:       "an idem journal",
+		Errors:        journalErrors,
+		LockTimeout:   timeout,
+		Meta:          bucketMeta,
+		FormatKey:     metaFormatKey,
+		Marker:        metaFormat,
+		CheckFormat:   checkFormat,
+		Buckets:       [][]byte{bucketOps, bucketNames},
+		Compact:       true,
+		BeforeCompact: beforeCompact,
+	})
+	if err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)
 	}
-	if err := f.init(); err != nil {
-		_ = f.release()
-		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	}
-	if compacted, err := f.compactIfMostlyFree(); err != nil {
-		_ = f.release()
-		return nil, fmt.Errorf("open journal %s: %w", path, err)
-	} else if compacted {
-		if err := f.open(timeout); err != nil {
-			return nil, fmt.Errorf("open journal %s after compacting it: %w", path, err)
-		}
-	}
-	return f, nil
-}
-
-// Compaction at Open: a journal of at least compactMinSize bytes of which
-// more than compactFreeRatio is free pages (after a burst of traffic that
-// retention has since swept) is rewritten into a new file that replaces it.
-const (
-	compactMinSize   = 16 << 20
-	compactFreeRatio = 0.5
-)
-
-// compactIfMostlyFree rewrites a mostly free journal into a new file,
-// renames that over the journal and reports whether it did; f is then
-// released and must be opened again. A crash leaves either the old file
-// or the complete new one under the journal's name (and perhaps a
-// leftover ".compact" file, removed by the next compaction).
-func (f *boltFile) compactIfMostlyFree() (bool, error) {
-	st := f.db.Stats()
-	ps := int64(f.db.Info().PageSize)
-	size := f.id.Size()
-	if size < compactMinSize || float64(int64(st.FreePageN+st.PendingPageN)*ps) <= compactFreeRatio*float64(size) {
-		return false, nil
-	}
-	tmp := f.path + ".compact"
-	_ = os.Remove(tmp)
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return false, fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-	}
-	err = f.guarded(func() error { return bolt.Compact(dst, f.db, 16<<20) })
-	if err == nil {
-		if err = dst.Sync(); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-		}
-	}
-	if cerr := dst.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, cerr)
-	}
-	if err == nil {
-		if err = os.Rename(tmp, f.path); err != nil {
-			err = fmt.Errorf("%w: compacting: %w", ErrJournalWrite, err)
-		}
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return false, err
-	}
-	if d, err := os.Open(filepath.Dir(f.path)); err == nil {
-		_ = d.Sync() // make the rename durable
-		_ = d.Close()
-	}
-	if err := f.release(); err != nil {
-		return true, fmt.Errorf("%w: closing the journal before compacting: %w", ErrJournalWrite, err)
-	}
-	return true, nil
-}
-
-// open opens the bbolt file and maps its errors to idem's sentinels. A
-// damaged file can make bbolt panic or fault on its memory map; both are
-// turned into ErrJournalCorrupt.
-func (f *boltFile) open(timeout time.Duration) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			if f.file != nil {
-				_ = f.file.Close()
-			}
-			f.db, err = nil, fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
-		}
-	}()
-	f.db, err = bolt.Open(f.path, 0o600, &bolt.Options{
-		Timeout:      timeout,
-		FreelistType: bolt.FreelistMapType,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			file, err := os.OpenFile(name, flag, perm)
-			f.file = file
-			return file, err
-		},
-	})
-	if err != nil {
-		return mapOpenError(err)
-	}
-	if f.id, err = f.file.Stat(); err != nil {
-		_ = f.db.Close()
-		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-	}
-	return nil
-}
-
-func mapOpenError(err error) error {
-	switch {
-	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: %w", ErrJournalLocked, err)
-	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
-		errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping):
-		return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS),
-		errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
-		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-	}
-	// bbolt reports most damage (a file shorter than its pages, a bad
-	// page) with plain errors; anything else from opening an existing file
-	// is damage too.
-	return fmt.Errorf("%w: %w", ErrJournalCorrupt, err)
-}
-
-// init checks the size and format marker and creates the buckets of a new
-// journal. A bbolt file with other buckets and no marker is foreign.
-func (f *boltFile) init() error {
-	// A file shorter than the pages its meta page claims was truncated;
-	// reading those pages would fault.
-	err := f.view(func(tx *bolt.Tx) error {
-		if f.id.Size() < tx.Size() {
-			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrJournalCorrupt, f.id.Size(), tx.Size())
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	// An existing journal is only read here: Open writes nothing to it.
-	ready := false
-	err = f.view(func(tx *bolt.Tx) error {
-		m := tx.Bucket(bucketMeta)
-		if m == nil {
-			return nil
-		}
-		if err := checkFormat(m.Get(metaFormatKey)); err != nil {
-			return err
-		}
-		ready = tx.Bucket(bucketOps) != nil && tx.Bucket(bucketNames) != nil
-		return nil
-	})
-	if err != nil || ready {
-		return err
-	}
-	return f.update(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(bucketMeta); m != nil {
-			if err := checkFormat(m.Get(metaFormatKey)); err != nil {
-				return err
-			}
-		} else {
-			foreign := false
-			_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-				foreign = true
-				return errors.New("stop")
-			})
-			if foreign {
-				return fmt.Errorf("%w: not an idem journal (no format marker)", ErrJournalCorrupt)
-			}
-			m, err := tx.CreateBucket(bucketMeta)
-			if err != nil {
-				return err
-			}
-			if err := m.Put(metaFormatKey, metaFormat); err != nil {
-				return err
-			}
-		}
-		for _, name := range [][]byte{bucketOps, bucketNames} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return fmt.Errorf("%w: bucket %s: %w", ErrJournalCorrupt, name, err)
-			}
-		}
-		return nil
-	})
+	return &boltFile{File: bf}, nil
 }
 
 // checkFormat checks the journal's format marker: the current format is
@@ -337,206 +162,11 @@ func checkFormat(got []byte) error {
 	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", ErrRecordVersion, got, metaFormat)
 }
 
-// release closes the bbolt file. After bbolt panicked its locks may be
-// held, so DB.Close would block forever: then only the file is closed,
-// which releases the lock on it, and the memory map is left behind.
-func (f *boltFile) release() error {
-	if f.broken.Load() {
-		return f.file.Close()
-	}
-	return f.db.Close()
-}
+// The store's calls into the file, by their names before the file
+// handling moved into internal/boltfile.
 
-// corrupt turns the value bbolt panicked with (a damaged page) into an
-// error matching ErrJournalCorrupt; after one, the store refuses all
-// access.
-func (f *boltFile) corrupt(p any) error {
-	f.broken.Store(true)
-	return fmt.Errorf("%w: %v", ErrJournalCorrupt, p)
-}
-
-// guarded runs fn with a fault or panic inside bbolt turned into
-// ErrJournalCorrupt.
-func (f *boltFile) guarded(fn func() error) (err error) {
-	if f.broken.Load() {
-		return fmt.Errorf("%w: an earlier access failed", ErrJournalCorrupt)
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			err = f.corrupt(p)
-		}
-	}()
-	return fn()
-}
-
-// stillNamed returns an error matching ErrJournalWrite if the journal's
-// path no longer names the open file (it was removed, renamed or
-// replaced): a change written to an unlinked file would be lost.
-func (f *boltFile) stillNamed() error {
-	fi, err := os.Stat(f.path)
-	if err == nil && os.SameFile(fi, f.id) {
-		return nil
-	}
-	if err == nil {
-		err = errors.New("the path names another file now")
-	}
-	return fmt.Errorf("%w: journal file %s was removed or replaced while open: %w", ErrJournalWrite, f.path, err)
-}
-
-// update runs fn in one durable bbolt transaction, guarded; a failed
-// commit, and a journal whose file lost its name, become ErrJournalWrite.
-func (f *boltFile) update(fn func(*bolt.Tx) error) error {
-	return f.guarded(func() error {
-		if err := f.stillNamed(); err != nil {
-			return err
-		}
-		var fnErr error
-		err := f.db.Update(func(tx *bolt.Tx) error {
-			fnErr = fn(tx)
-			return fnErr
-		})
-		if err != nil && fnErr == nil {
-			if errors.Is(err, syscall.EFBIG) {
-				// bbolt asked for pages far beyond the file: a damaged
-				// free list or branch page does that.
-				return fmt.Errorf("%w: %w: %w", ErrJournalWrite, ErrJournalCorrupt, err)
-			}
-			return fmt.Errorf("%w: %w", ErrJournalWrite, err)
-		}
-		return err
-	})
-}
-
-// view runs fn in a read transaction, guarded.
-func (f *boltFile) view(fn func(*bolt.Tx) error) error {
-	return f.guarded(func() error {
-		f.readers.RLock()
-		defer f.readers.RUnlock()
-		err := f.db.View(fn)
-		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-			return ErrClosed
-		}
-		return err
-	})
-}
-
-// noteDrop records that tx drops a request, whose bytes stay in the pages
-// tx frees until a scrub overwrites them.
-func (f *boltFile) noteDrop(tx *bolt.Tx) {
-	id := uint64(tx.ID())
-	for {
-		old := f.dropped.Load()
-		if old >= id || f.dropped.CompareAndSwap(old, id) {
-			break
-		}
-	}
-	if f.kick != nil {
-		f.kick()
-	}
-}
-
-// scrubDue reports whether some transaction dropped a request since the
-// last scrub.
-func (f *boltFile) scrubDue() bool { return f.dropped.Load() > f.scrubbedTo.Load() }
-
-// scrub overwrites with zeros every free page not zeroed since it was
-// freed. It runs inside a write transaction, so no page it zeroes is
-// allocated meanwhile, and holds off readers, so none of them still reads
-// one. The zeros reach the disk with tx's commit. Pages freed by tx itself
-// are freed when it commits: the next scrub zeroes them.
-func (f *boltFile) scrub(tx *bolt.Tx) error {
-	f.readers.Lock()
-	defer f.readers.Unlock()
-	ps := tx.DB().Info().PageSize
-	hwm := int(tx.Size() / int64(ps)) // pages in use or free; beyond is unused
-	if len(f.scrubbed) < hwm {
-		f.scrubbed = append(f.scrubbed, make([]bool, hwm-len(f.scrubbed))...)
-	}
-	zeros := make([]byte, 64*ps)
-	run, runLen := 0, 0 // a run of free pages to zero with one write
-	flush := func() error {
-		for runLen > 0 {
-			n := min(runLen, 64)
-			if _, err := f.file.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
-				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
-			}
-			run, runLen = run+n, runLen-n
-		}
-		return nil
-	}
-	for id := 2; id < hwm; id++ {
-		info, err := tx.Page(id)
-		if err != nil {
-			return err
-		}
-		free := info != nil && info.Type == "free"
-		if !free || f.scrubbed[id] {
-			f.scrubbed[id] = free
-			if err := flush(); err != nil {
-				return err
-			}
-			continue
-		}
-		f.scrubbed[id] = true
-		if runLen == 0 {
-			run = id
-		}
-		runLen++
-	}
-	if err := flush(); err != nil {
-		return err
-	}
-	// Pages freed by transactions before tx are free now (no reader holds
-	// them: readers are held off), and zeroed.
-	to := uint64(tx.ID()) - 1
-	for {
-		old := f.scrubbedTo.Load()
-		if old >= to || f.scrubbedTo.CompareAndSwap(old, to) {
-			return nil
-		}
-	}
-}
-
-// scrubber runs scrubs while the store is open: at most delay after a
-// commit that dropped a request, and again while a scrub leaves one due.
-func (s *BoltStore) scrubber(delay time.Duration) {
-	defer close(s.scrubDone)
-	t := time.NewTimer(delay)
-	t.Stop()
-	armed := false
-	for {
-		select {
-		case <-s.scrubStop:
-			t.Stop()
-			return
-		case <-s.scrubKick:
-			if !armed {
-				t.Reset(delay)
-				armed = true
-			}
-		case <-t.C:
-			armed = false
-			if !s.f.scrubDue() {
-				continue
-			}
-			err := s.w.Do(context.Background(), s.f.scrub)
-			if err != nil && !errors.Is(err, groupcommit.ErrClosed) {
-				s.log.Warn("idem: scrubbing free journal pages", "err", err)
-			}
-			if s.f.scrubDue() {
-				t.Reset(delay)
-				armed = true
-			}
-		}
-	}
-}
-
-// kickScrub asks the scrubber for a scrub after its delay. It never
-// blocks.
-func (s *BoltStore) kickScrub() {
-	select {
-	case s.scrubKick <- struct{}{}:
-	default:
-	}
-}
+func (f *boltFile) view(fn func(*bolt.Tx) error) error   { return f.View(fn) }
+func (f *boltFile) update(fn func(*bolt.Tx) error) error { return f.Update(fn) }
+func (f *boltFile) corrupt(p any) error                  { return f.Corrupt(p) }
+func (f *boltFile) release() error                       { return f.Release() }
+func (f *boltFile) stillNamed() error                    { return f.StillNamed() }

@@ -5,6 +5,7 @@ package idem
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -86,10 +87,6 @@ func loadBody(ops *bolt.Bucket, r *codec.Record, op *Operation) error {
 	return nil
 }
 
-const (
-	_ = 0
-)
-
 func toRecord(op *Operation) codec.Record {
 	var flags uint8
 	if op.Redacted {
@@ -103,7 +100,7 @@ func toRecord(op *Operation) codec.Record {
 		Fingerprint: op.Fingerprint, State: uint8(op.State), Flags: flags,
 		Attempts: int64(op.Attempts), LastStatus: int64(op.LastStatus), LastError: op.LastError,
 		Created: toNanos(op.Created), Updated: toNanos(op.Updated), LeaseUntil: toNanos(op.LeaseUntil),
-		Owner: op.Owner, Header: op.Header, Body: op.Body,
+		Owner: op.Owner, KeyHeader: op.KeyHeader, Header: op.Header, Body: op.Body,
 	}
 }
 
@@ -114,7 +111,7 @@ func fromRecord(key string, r *codec.Record) Operation {
 		Redacted: r.Flags&flagRedacted != 0, Unreplayable: r.Flags&flagUnreplayable != 0,
 		Attempts: int(r.Attempts), LastStatus: int(r.LastStatus), LastError: r.LastError,
 		Created: fromNanos(r.Created), Updated: fromNanos(r.Updated), LeaseUntil: fromNanos(r.LeaseUntil),
-		Owner: r.Owner, Header: http.Header(r.Header), Body: r.Body,
+		Owner: r.Owner, KeyHeader: r.KeyHeader, Header: http.Header(r.Header), Body: r.Body,
 	}
 }
 
@@ -122,9 +119,9 @@ func fromRecord(key string, r *codec.Record) Operation {
 // ErrRecordVersion or ErrJournalCorrupt.
 func codecErr(key string, err error) error {
 	if errors.Is(err, codec.ErrVersion) {
-		return fmt.Errorf("record %q: %w: %w", key, ErrRecordVersion, err)
+		return fmt.Errorf("record %q was written by a newer idem (%w): %w", key, ErrRecordVersion, err)
 	}
-	return fmt.Errorf("record %q: %w: %w", key, ErrJournalCorrupt, err)
+	return fmt.Errorf("record %q is damaged (%w): %w", key, ErrJournalCorrupt, err)
 }
 
 // loadOp returns the record for key with its request, or ErrNotFound.
@@ -169,4 +166,56 @@ func encodeKV(key string, r *codec.Record) (k, v []byte) {
 	copy(buf, key)
 	buf = codec.Append(buf, r)
 	return buf[:len(key)], buf[len(key):]
+}
+
+// metaPolicyKey is where the meta bucket keeps the application's policy.
+var metaPolicyKey = []byte("policy")
+
+// Policy implements PolicyStore.
+func (s *BoltStore) Policy(ctx context.Context) (Policy, error) {
+	if err := s.settle(ctx); err != nil {
+		return Policy{}, err
+	}
+	var p Policy
+	err := s.f.view(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+		}
+		v := m.Get(metaPolicyKey)
+		if v == nil {
+			return nil
+		}
+		var cp codec.Policy
+		if err := codec.DecodePolicy(v, &cp); err != nil {
+			return codecErr("policy", err)
+		}
+		p = Policy{KeyHeader: cp.KeyHeader, ResendWindow: time.Duration(cp.ResendWindow),
+			Retention: time.Duration(cp.Retention), MatchWindow: time.Duration(cp.MatchWindow)}
+		return nil
+	})
+	if err != nil {
+		return Policy{}, fmt.Errorf("policy: %w", err)
+	}
+	return p, nil
+}
+
+// SetPolicy implements PolicyStore. It returns once the policy is durable.
+func (s *BoltStore) SetPolicy(ctx context.Context, p Policy) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	v := codec.EncodePolicy(&codec.Policy{KeyHeader: p.KeyHeader, ResendWindow: int64(p.ResendWindow),
+		Retention: int64(p.Retention), MatchWindow: int64(p.MatchWindow)})
+	err := s.write(ctx, func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+		}
+		return m.Put(metaPolicyKey, v)
+	})
+	if err != nil {
+		return fmt.Errorf("set policy: %w", err)
+	}
+	return nil
 }

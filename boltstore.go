@@ -43,13 +43,33 @@ import (
 // transactions that had not finished committing are rolled back by bbolt.
 // Before each commit the store checks that the journal's path still names
 // its file: a journal removed while open refuses writes (ErrJournalWrite).
+// Every transaction checks that bbolt's transaction ID has not gone back:
+// a file overwritten in place with an older copy is ErrJournalCorrupt, and
+// the store refuses all access. Close reports either.
+//
+// What Open checks: the file's size against its pages and its format
+// marker; then, walking the records and the names once each in key order
+// (which reads every leaf page of both B+trees, so a damaged page is
+// found), that every pending record and its body decode and pass their
+// checksums, that every name maps to a well-formed key, and that every
+// named pending record is found by its name. Finished records, and the
+// names of finished records, are checked when they are read. A record
+// written by a newer idem is no damage: Open accepts it, and Pending and
+// Resume report it (ErrRecordVersion). The walks cost a cursor step per
+// record and name; decoding, only the pending records (about 20 ms for
+// 100,000 finished and 1,000 pending operations, half of them named:
+// BenchmarkOpenCheck).
+//
+// One opener at a time: after taking the file's lock, Open checks that the
+// locked file is still the one at the path (another opener may have
+// compacted and replaced it meanwhile) and otherwise waits for the new
+// one. A path that is a symbolic link is followed, and stays a link.
 type BoltStore struct {
 	f      *boltFile
 	w      *groupcommit.Writer[*bolt.Tx]
 	log    *slog.Logger
 	o      BoltOptions
 	closed atomic.Bool
-	now    func() time.Time
 
 	// owners are the lease owners seen since the file was opened. The file
 	// lock proves that no other process uses the journal, so a lease held
@@ -67,21 +87,27 @@ type BoltStore struct {
 	scrubDone chan struct{}
 }
 
-var _ KeyStore = (*BoltStore)(nil)
+var (
+	_ KeyStore    = (*BoltStore)(nil)
+	_ LastChanger = (*BoltStore)(nil)
+	_ Inspector   = (*BoltStore)(nil)
+	_ PolicyStore = (*BoltStore)(nil)
+)
 
-// LastChange returns when the journal file was last written before this
+// LastChange implements LastChanger: it returns when the journal file was last written before this
 // store opened it (its modification time), or the zero time for a new
 // journal. A Client uses it to bound how far it trusts its wall clock when
 // it sweeps.
 func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
-	return s.f.modified, nil
+	return s.f.Modified(), nil
 }
 
 // OpenBoltStore opens the journal at path, creating the file (mode 0600) if
 // it does not exist.
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout; ErrJournalCorrupt for a
-// damaged, truncated, empty or foreign file; ErrRecordVersion for a journal
+// damaged, truncated, empty or foreign file, or one whose pending records
+// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for a journal
 // of another format version; and ErrJournalWrite if the file cannot be
 // created or opened for writing (an empty path, a directory, a missing
 // parent directory, a read-only file system).
@@ -99,15 +125,24 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	if opt.ScrubDelay == 0 {
 		opt.ScrubDelay = defaultScrubDelay
 	}
-	s := &BoltStore{o: opt, log: opt.Logger, now: time.Now, live: make(map[string]struct{})}
+	s := &BoltStore{o: opt, log: opt.Logger, live: make(map[string]struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	f, err := openFile(path, opt.LockTimeout)
+	f, err := openFile(path, opt.LockTimeout, opt.beforeCompact)
 	if err != nil {
 		return nil, err
 	}
 	s.f = f
+	if !opt.SkipCheck {
+		if err := f.check(); err != nil {
+			// The check only reads: a panic in its read transaction left
+			// no bbolt lock held (View rolls back), so the file is closed
+			// in full, unmapped too, which releases its lock.
+			_ = f.ReleaseAfterRead()
+			return nil, fmt.Errorf("open journal %s: %w", path, err)
+		}
+	}
 	s.w = groupcommit.New(f.update, groupcommit.Options{
 		MaxGroup: opt.MaxGroup,
 		Recover:  f.corrupt,
@@ -201,7 +236,6 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := CheckKey(op.Key); err != nil {
 		return Operation{}, false, err
 	}
-	newRecord(&op, s.now())
 	if op.State != StatePending {
 		op.Header, op.Body = nil, nil
 	}
@@ -307,7 +341,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 		return Operation{}, err
 	}
 	s.seen(l.Owner)
-	now := toNanos(s.now())
+	now := toNanos(l.At)
 	var op Operation
 	err := s.write(ctx, func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
@@ -394,8 +428,7 @@ func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
 	return op, nil
 }
 
-// Named returns the record for an operation name, or an error matching
-// ErrNotFound.
+// Named implements Inspector.
 func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return Operation{}, err
@@ -433,7 +466,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	if err := s.known(key, false); err != nil {
 		return fmt.Errorf("attempt: %w", err)
 	}
-	now := toNanos(s.now())
+	now := toNanos(a.At)
 	err := s.writeAsync(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -470,7 +503,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 	if err := s.known(key, true); err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
-	now := toNanos(s.now())
+	now := toNanos(o.At)
 	err := s.writeAsync(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -548,8 +581,19 @@ func (s *BoltStore) Close() error {
 			werr = fmt.Errorf("idem: close journal: %w: %w", ErrJournalWrite, err)
 		}
 	}
-	if werr == nil && s.f.scrubDue() && !s.f.broken.Load() {
+	if werr == nil && s.f.scrubDue() && !s.f.Broken() {
 		serr = s.f.update(s.f.scrub)
 	}
-	return errors.Join(werr, serr, s.f.release())
+	// A journal replaced under this store (renamed over, or overwritten in
+	// place with an older copy) is reported: what it accepted may be lost.
+	var rerr error
+	if !s.f.Broken() {
+		rerr = s.f.view(func(*bolt.Tx) error { return nil })
+		if rerr == nil {
+			rerr = s.f.stillNamed()
+		}
+	} else {
+		rerr = fmt.Errorf("idem: close journal: %w: it was found damaged or replaced while open; changes accepted since may be lost", ErrJournalCorrupt)
+	}
+	return errors.Join(werr, serr, rerr, s.f.release())
 }

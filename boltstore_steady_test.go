@@ -43,7 +43,6 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 	start := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	var seq atomic.Int64
 	now := func() time.Time { return start.Add(time.Duration(seq.Load()) * time.Second / perSecond) }
-	s.SetNow(now)
 	ctx := t.Context()
 	body := []byte(`{"amount":4200,"currency":"eur","customer":"cus_123","description":"order 42"}`)
 	size := func() int64 {
@@ -66,7 +65,9 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 				if i > int64(n) {
 					return
 				}
+				at := now()
 				op := idem.Operation{
+					State: idem.StatePending, Created: at, Updated: at,
 					Key: uuid.Must(uuid.NewV7()).String(), Method: http.MethodPost,
 					URL: "https://api.example.com/v1/charges", Fingerprint: [32]byte{1, 2, 3},
 					Owner: "idem-host-1-4242", Header: http.Header{"Content-Type": {"application/json"}}, Body: body,
@@ -75,7 +76,7 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}); err != nil {
+				if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: at}); err != nil {
 					t.Error(err)
 					return
 				}

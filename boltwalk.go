@@ -20,10 +20,11 @@ func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Ope
 	return s.list(ctx, after, limit, true)
 }
 
-// Walk returns up to limit records of any state with keys after after
-// ("" starts at the first), in key order, without their requests: for
-// tools that list or count what the journal holds. It changes nothing. A
-// record that cannot be read is returned as Pending returns one.
+// Walk implements Inspector: it returns up to limit records of any state
+// with keys after after ("" starts at the first), in key order, without
+// their requests: for tools that list or count what the journal holds. It
+// changes nothing. A record that cannot be read is returned as Pending
+// returns one.
 func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operation, error) {
 	return s.list(ctx, after, limit, false)
 }

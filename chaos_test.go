@@ -2,18 +2,14 @@ package idem_test
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/chaoskit"
 	"github.com/idemgo/idem/internal/crashtest"
 )
 
@@ -33,7 +30,8 @@ import (
 // restarted. Each child opens the journal, learns from it which operations
 // are already done, resumes the pending ones, and re-drives the rest by
 // name. At the end every operation must have been performed exactly once
-// under its journaled key, none lost, and nothing left pending.
+// under its journaled key, none lost, and nothing left pending. The driver
+// (flags, kill schedule, ledger) is internal/chaoskit's.
 //
 // The default configuration is short enough for CI. The long one:
 //
@@ -43,21 +41,15 @@ import (
 // UUIDs (as idem promises), so a seed reproduces the kill points and the
 // fault rates, not the exact fault of every request.
 var (
-	chaosOps     = flag.Int("chaos.ops", 200, "chaos test: number of operations")
-	chaosKills   = flag.Int("chaos.kills", 4, "chaos test: number of times the client process is SIGKILLed")
-	chaosWorkers = flag.Int("chaos.workers", 8, "chaos test: operations in flight at once in the client")
-	chaosSeed    = flag.Uint64("chaos.seed", 0, "chaos test: seed of faults and kill points (0: random)")
+	chaosFlags   = chaoskit.NewFlags("chaos", "chaos test", 200, 4, 8)
 	chaosUnnamed = flag.Int("chaos.unnamed", 50, "chaos test: operations of a caller that retries on its own, without a name")
 )
 
 func init() { crashChildren["chaos"] = childChaos }
 
-// Environment of a chaos child.
+// Environment of a chaos child, beside chaoskit.Env.
 const (
 	envChaosJournal = "IDEM_CHAOS_JOURNAL"
-	envChaosURL     = "IDEM_CHAOS_URL"
-	envChaosOps     = "IDEM_CHAOS_OPS"
-	envChaosWorkers = "IDEM_CHAOS_WORKERS"
 	envChaosRotate  = "IDEM_CHAOS_ROTATE"  // "1": simulate a client that rotates keys on retry
 	envChaosUnnamed = "IDEM_CHAOS_UNNAMED" // operations an outer retry loop drives without a name
 	envChaosFinal   = "IDEM_CHAOS_FINAL"   // "1": the child is not killed, and drives the unnamed operations
@@ -76,100 +68,64 @@ func chaosBody(i int) string {
 
 const chaosPath = "/v1/orders"
 
-// chaosRT announces each attempt to the parent ("send <key>") before
-// sending it. With rotate set it plays a broken client: every attempt after
-// the first one of a key, in this process, goes out under a fresh key.
-type chaosRT struct {
-	base   http.RoundTripper
-	rotate bool
-	mu     sync.Mutex
-	seen   map[string]int
+// rotateRT plays a broken client: every attempt after the first one of a
+// key, in this process, goes out under a fresh key.
+type rotateRT struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	seen map[string]int
 }
 
-func (c *chaosRT) RoundTrip(r *http.Request) (*http.Response, error) {
+func (c *rotateRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	key := r.Header.Get("Idempotency-Key")
-	if c.rotate {
-		c.mu.Lock()
-		c.seen[key]++
-		n := c.seen[key]
-		c.mu.Unlock()
-		if n > 1 {
-			r = r.Clone(r.Context())
-			r.Header.Set("Idempotency-Key", uuid.NewString())
-		}
+	c.mu.Lock()
+	c.seen[key]++
+	n := c.seen[key]
+	c.mu.Unlock()
+	if n > 1 {
+		r = r.Clone(r.Context())
+		r.Header.Set("Idempotency-Key", uuid.NewString())
 	}
-	crashtest.Emit("send", key)
 	return c.base.RoundTrip(r)
 }
 
 // childChaos is one life of the chaos client. It keeps no state outside the
-// journal: what is done is what the journal records as succeeded.
-//
-// Lines: "todo <n>" first, then "send <key>" per attempt, "resumed <name>
-// <status>" per resumed operation, "done <name> <status>" per re-driven
-// one, "gaveup <name>" for an operation still failing after its tries,
-// "fatal <msg>" on a setup error, and "complete" after a clean Close.
+// journal: what is done is what the journal records as succeeded. Its
+// lines are chaoskit's, with "done <name> <status>" per re-driven
+// operation.
 func childChaos() int {
-	watchdog := time.AfterFunc(chaosChildLimit, func() {
-		fmt.Fprintln(os.Stderr, "chaos child: out of time")
-		os.Exit(4)
-	})
-	defer watchdog.Stop()
-	ctx, cancel := context.WithTimeout(context.Background(), chaosChildLimit)
-	defer cancel()
-	fatal := func(err error) int {
-		crashtest.Emit("fatal", strings.ReplaceAll(err.Error(), "\n", " "))
-		return 2
-	}
-
-	journal, url := os.Getenv(envChaosJournal), os.Getenv(envChaosURL)
-	n, err := strconv.Atoi(os.Getenv(envChaosOps))
+	ctx, stop := chaoskit.Life("chaos child", chaosChildLimit)
+	defer stop()
+	env, err := chaoskit.ReadEnv()
 	if err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
-	workers, err := strconv.Atoi(os.Getenv(envChaosWorkers))
-	if err != nil || workers < 1 {
-		workers = 1
-	}
+	journal, n := os.Getenv(envChaosJournal), env.Ops
 
 	// What is done, according to the journal.
-	done := make([]bool, n)
 	store, err := idem.OpenBoltStore(journal, &idem.BoltOptions{LockTimeout: 10 * time.Second})
 	if err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
-	todo := 0
-	for i := range n {
-		op, err := store.Named(ctx, chaosName(i))
-		switch {
-		case err == nil:
-			done[i] = op.State == idem.StateSucceeded
-		case !errors.Is(err, idem.ErrNotFound):
-			store.Close()
-			return fatal(err)
-		}
-		if !done[i] {
-			todo++
-		}
+	done, todo, err := chaoskit.Done(ctx, store.Named, chaoskit.Names(n, chaosName))
+	if err != nil {
+		store.Close()
+		return chaoskit.Fatal(err)
 	}
 	if err := store.Close(); err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
 	crashtest.Emit("todo", strconv.Itoa(todo))
 
-	rt := &chaosRT{
-		base:   &http.Transport{DisableKeepAlives: true}, // no silent resends by net/http
-		rotate: os.Getenv(envChaosRotate) == "1",
-		seen:   make(map[string]int),
+	var base http.RoundTripper // chaoskit's: no silent resends by net/http
+	if os.Getenv(envChaosRotate) == "1" {
+		base = &rotateRT{base: &http.Transport{DisableKeepAlives: true}, seen: make(map[string]int)}
 	}
 	store, err = idem.OpenBoltStore(journal, &idem.BoltOptions{LockTimeout: 10 * time.Second})
 	if err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
-	client := idem.New(store,
-		idem.WithBaseTransport(rt),
-		idem.WithRetryPolicy(idem.RetryPolicy{Initial: time.Millisecond, Max: 20 * time.Millisecond, RetryAfterCap: 10 * time.Millisecond}),
-		idem.WithResumeConcurrency(workers))
+	client := idem.New(store, chaoskit.ClientOptions(base, env.Workers)...)
 	defer client.Close()
 
 	// Resume what a crash interrupted.
@@ -179,20 +135,18 @@ func childChaos() int {
 	}
 	var mu sync.Mutex
 	err = client.Resume(ctx, func(op idem.Operation, resp *http.Response, err error) {
-		status := "error"
 		if resp != nil {
-			ok := chaosAnswerOK(resp, op.Name)
-			status = strconv.Itoa(resp.StatusCode)
+			ok := chaoskit.Answer(resp, op.Name)
 			if i, named := index[op.Name]; named && ok {
 				mu.Lock()
 				done[i] = true
 				mu.Unlock()
 			}
 		}
-		crashtest.Emit("resumed", op.Name, status)
+		crashtest.Emit("resumed", op.Name, chaoskit.Status(resp))
 	})
 	if err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
 
 	// Re-drive the rest by name.
@@ -200,36 +154,30 @@ func childChaos() int {
 	if os.Getenv(envChaosFinal) != "1" {
 		unnamed = 0 // a caller without a name has nothing durable to re-drive by after a crash
 	}
-	jobs := make(chan int)
-	failed := 0
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for i := range jobs {
-				if !chaosDrive(ctx, client.HTTPClient(), url, i, i < n) {
-					crashtest.Emit("gaveup", chaosName(i))
-					mu.Lock()
-					failed++
-					mu.Unlock()
-				}
+	jobs := func(yield func(int) bool) {
+		for i := range n {
+			mu.Lock()
+			skip := done[i]
+			mu.Unlock()
+			if !skip && !yield(i) {
+				return
 			}
-		})
-	}
-	for i := range n {
-		mu.Lock()
-		skip := done[i]
-		mu.Unlock()
-		if !skip {
-			jobs <- i
+		}
+		for i := n; i < n+unnamed; i++ {
+			if !yield(i) {
+				return
+			}
 		}
 	}
-	for i := n; i < n+unnamed; i++ {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
+	failed := chaoskit.Pool(env.Workers, jobs, func(i int) bool {
+		if !chaosDrive(ctx, client.HTTPClient(), env.URL, i, i < n) {
+			crashtest.Emit("gaveup", chaosName(i))
+			return false
+		}
+		return true
+	})
 	if err := client.Close(); err != nil {
-		return fatal(err)
+		return chaoskit.Fatal(err)
 	}
 	if failed > 0 {
 		return 1
@@ -246,50 +194,30 @@ func childChaos() int {
 // must take every try after a failure for a resend of the same operation.
 func chaosDrive(ctx context.Context, hc *http.Client, url string, i int, named bool) bool {
 	name := chaosName(i)
-	for try := range 10 {
-		if try > 0 {
-			select {
-			case <-time.After(5 * time.Millisecond):
-			case <-ctx.Done():
-				return false
-			}
-		}
+	return chaoskit.Try(ctx, 10, 5*time.Millisecond, func(try int) (bool, error) {
 		octx := ctx
 		if named {
 			octx = idem.WithOperation(ctx, name)
 		}
 		octx, cancel := context.WithTimeout(octx, 30*time.Second)
-		req, err := http.NewRequestWithContext(octx, http.MethodPost, url+chaosPath, strings.NewReader(chaosBody(i)))
+		defer cancel()
+		req, err := chaoskit.Post(octx, url+chaosPath, chaosBody(i))
 		if err != nil {
-			cancel()
-			return false
+			return false, err
 		}
-		req.Header.Set("Content-Type", "application/json")
 		if !named {
 			req.Header.Set("X-Retry-Count", strconv.Itoa(try)) // volatile, as an SDK's
 		}
 		resp, err := hc.Do(req)
 		if err != nil {
-			cancel()
-			continue // in doubt: the same name, or the same payload, is the same key
+			return false, nil // in doubt: the same name, or the same payload, is the same key
 		}
-		ok := chaosAnswerOK(resp, name)
-		cancel()
-		if ok {
-			crashtest.Emit("done", name, strconv.Itoa(resp.StatusCode))
-			return true
+		if !chaoskit.Answer(resp, name) {
+			return false, nil
 		}
-	}
-	return false
-}
-
-// chaosAnswerOK reads and closes resp and reports whether it is a 2xx
-// answer for the operation name.
-func chaosAnswerOK(resp *http.Response, name string) bool {
-	defer resp.Body.Close()
-	var got struct{ Order string }
-	err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&got)
-	return resp.StatusCode/100 == 2 && err == nil && got.Order == name
+		crashtest.Emit("done", name, strconv.Itoa(resp.StatusCode))
+		return true, nil
+	})
 }
 
 // chaosConfig is one run of the chaos test.
@@ -301,20 +229,13 @@ type chaosConfig struct {
 	rotate              bool // the child plays a client that rotates keys
 }
 
-// chaosResult is what a chaos run found.
+// chaosResult is what a chaos run found: the ledger, and the lives of the
+// client.
 type chaosResult struct {
-	ops, attempts, replays, conflicts int
-	faults                            map[idemtest.Fault]int
-	performed                         int // handler runs
-	duplicates                        int // operations performed more than once
-	lost                              int // operations never performed
-	foreignKeys                       int // keys the server saw that the journal does not hold
-	wrongKey                          int // operations not performed under their journaled key
-	notSucceeded                      int // operations the journal does not record as succeeded
-	pending                           int // operations left pending in the journal
-	kills, children, resumed, gaveUp  int
-	complete                          bool
-	elapsed                           time.Duration
+	*chaoskit.Ledger
+	kills, children, resumed, gaveUp int
+	complete                         bool
+	elapsed                          time.Duration
 }
 
 // chaosFaults is about a third of attempts faulty, of every kind.
@@ -337,35 +258,17 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6368616f73)) // kill points
 
-	srv := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in struct{ Order string }
-		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" {
-			http.Error(w, "bad order", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"order":%q,"charge":"ch_%s"}`, in.Order, uuid.NewString())
-	}),
-		idemtest.WithFaultRates(cfg.rates),
-		idemtest.WithRetryAfter(time.Second), // capped at 10ms by the client
-		idemtest.WithFaultDelay(2*time.Millisecond))
+	srv := chaoskit.Provider(cfg.rates) // Retry-After capped at 10ms by the client
 	defer srv.Close()
 
 	journal := filepath.Join(t.TempDir(), "journal.db")
-	env := []string{
-		envChaosJournal + "=" + journal,
-		envChaosURL + "=" + srv.URL,
-		envChaosOps + "=" + strconv.Itoa(cfg.ops),
-		envChaosWorkers + "=" + strconv.Itoa(cfg.workers),
-	}
+	env := append(chaoskit.Env{URL: srv.URL, Ops: cfg.ops, Workers: cfg.workers}.Vars(), envChaosJournal+"="+journal)
 	if cfg.rotate {
 		env = append(env, envChaosRotate+"=1")
 	}
 	env = append(env, envChaosUnnamed+"="+strconv.Itoa(cfg.unnamed))
 
 	var res chaosResult
-	res.ops = cfg.ops + cfg.unnamed
 	// Every kill, then at most a few clean runs to finish: the loop is bounded.
 	for res.children < cfg.kills+3 && !res.complete {
 		res.children++
@@ -376,15 +279,10 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 		child := crashtest.Start(t, "chaos", cenv...)
 		var lines []string
 		if res.kills < cfg.kills {
-			first, ok := child.Next()
-			require.True(t, ok, "chaos child %d ended before saying anything", res.children)
-			todo, err := strconv.Atoi(strings.TrimPrefix(first, "todo "))
-			require.NoError(t, err, "chaos child's first line %q", first)
-			// Kill after a random number of lines, spread so that each
-			// remaining kill gets a share of the remaining work (a child
-			// emits at least 2 lines per operation it has to do).
-			left := cfg.kills - res.kills
-			lines = child.KillAfter(1 + rng.IntN(max(1, 4*todo/(left+1))))
+			// A child emits at least 2 lines per operation it has to do.
+			var err error
+			lines, err = chaoskit.KillLife(child, rng, 4, cfg.kills-res.kills)
+			require.NoError(t, err, "chaos child %d", res.children)
 		} else {
 			var err error
 			lines, err = child.Wait()
@@ -392,21 +290,13 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 				t.Logf("chaos child %d: %v", res.children, err)
 			}
 		}
-		completed := false
-		for _, l := range lines {
-			verb, rest, _ := strings.Cut(l, " ")
-			switch verb {
-			case "resumed":
-				res.resumed++
-			case "gaveup":
-				res.gaveUp++
-			case "complete":
-				completed = true
-			case "fatal":
-				t.Fatalf("chaos child %d: %s", res.children, rest)
-			}
+		said := chaoskit.Scan(lines)
+		for _, msg := range said.Fatal {
+			t.Fatalf("chaos child %d: %s", res.children, msg)
 		}
-		if completed {
+		res.resumed += said.Resumed
+		res.gaveUp += said.GaveUp
+		if said.Complete {
 			res.complete = true
 		} else if res.kills < cfg.kills {
 			res.kills++
@@ -416,16 +306,7 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	res.elapsed = time.Since(start)
 
 	st := srv.Stats()
-	res.attempts, res.replays, res.conflicts, res.faults, res.performed = st.Requests, st.Replays, st.Conflicts, st.Faults, st.Runs
-	for i := range cfg.ops + cfg.unnamed {
-		switch runs := st.RunsByPayload[idemtest.Fingerprint(http.MethodPost, chaosPath, []byte(chaosBody(i)))]; {
-		case runs == 0:
-			res.lost++
-		case runs > 1:
-			res.duplicates++
-		}
-	}
-	res.duplicates = max(res.duplicates, st.DuplicateKeys())
+	res.Ledger = chaoskit.Tally(st, chaoskit.PostCharges(st, cfg.ops+cfg.unnamed, chaosPath, chaosBody))
 
 	store, err := idem.OpenBoltStore(journal, nil)
 	require.NoError(t, err)
@@ -434,77 +315,33 @@ func runChaos(t *testing.T, cfg chaosConfig) chaosResult {
 	defer cancel()
 	pend, err := store.Pending(ctx, "", cfg.ops+1)
 	require.NoError(t, err)
-	res.pending = len(pend)
-	keys := make(map[string]bool, cfg.ops)
-	for i := range cfg.ops {
-		op, err := store.Named(ctx, chaosName(i))
-		if err != nil {
-			require.ErrorIs(t, err, idem.ErrNotFound)
-			res.notSucceeded++
-			continue
-		}
-		keys[op.Key] = true
-		if op.State != idem.StateSucceeded {
-			res.notSucceeded++
-		}
-		if st.RunsByKey[op.Key] != 1 {
-			res.wrongKey++
-		}
-	}
-	for k := range st.AttemptsByKey {
-		if keys[k] {
-			continue
-		}
+	res.Pending = len(pend)
+	require.NoError(t, res.Named(ctx, store.Named, chaoskit.Names(cfg.ops, chaosName)))
+	res.Foreign(func(k string, runs int) bool {
 		// An unnamed operation's key: the journal must hold it all the same.
-		if op, err := store.Get(ctx, k); err != nil || op.Name != "" || op.State != idem.StateSucceeded && st.RunsByKey[k] > 0 {
-			res.foreignKeys++
-		}
-	}
+		op, err := store.Get(ctx, k)
+		return err == nil && op.Name == "" && (op.State == idem.StateSucceeded || runs == 0)
+	})
 	return res
 }
 
 func (r chaosResult) report(t *testing.T, seed uint64) {
 	t.Helper()
-	kinds := make([]string, 0, len(r.faults))
-	for f, n := range r.faults {
-		kinds = append(kinds, fmt.Sprintf("%v %d", f, n))
-	}
-	slices.Sort(kinds)
-	t.Logf("chaos seed %d: %d operations, %d attempts, amplification %.3f attempts/operation, "+
-		"%d handler runs, %d replays, %d conflicts, faults [%s]; "+
-		"%d duplicates, %d lost, %d left pending, %d foreign keys; "+
-		"%d crashes survived over %d client processes, %d operations resumed, %d given up and re-driven by a later process; elapsed %v",
-		seed, r.ops, r.attempts, float64(r.attempts)/float64(max(r.ops, 1)),
-		r.performed, r.replays, r.conflicts, strings.Join(kinds, ", "),
-		r.duplicates, r.lost, r.pending, r.foreignKeys,
-		r.kills, r.children, r.resumed, r.gaveUp, r.elapsed.Round(time.Millisecond))
-}
-
-func chaosSeedOrRandom() uint64 {
-	if *chaosSeed != 0 {
-		return *chaosSeed
-	}
-	return rand.Uint64()
+	t.Logf("chaos seed %d: %v; %d crashes survived over %d client processes, %d operations resumed, %d given up and re-driven by a later process; elapsed %v",
+		seed, r.Ledger, r.kills, r.children, r.resumed, r.gaveUp, r.elapsed.Round(time.Millisecond))
 }
 
 func TestChaos(t *testing.T) {
-	seed := chaosSeedOrRandom()
-	t.Logf("chaos seed %d (rerun with -chaos.seed=%d)", seed, seed)
-	cfg := chaosConfig{ops: *chaosOps, kills: *chaosKills, workers: *chaosWorkers, unnamed: *chaosUnnamed, seed: seed, rates: chaosFaults(seed)}
+	seed := chaosFlags.Seed(t)
+	cfg := chaosConfig{ops: *chaosFlags.Ops, kills: *chaosFlags.Kills, workers: *chaosFlags.Workers, unnamed: *chaosUnnamed, seed: seed, rates: chaosFaults(seed)}
 	r := runChaos(t, cfg)
 	r.report(t, seed)
 
-	assert.Zero(t, r.duplicates, "operations performed more than once")
-	assert.Zero(t, r.lost, "operations never performed")
-	assert.Zero(t, r.pending, "operations left pending in the journal")
-	assert.Zero(t, r.foreignKeys, "keys on the wire that the journal does not hold")
-	assert.Zero(t, r.wrongKey, "operations not performed exactly once under their journaled key")
-	assert.Zero(t, r.notSucceeded, "operations the journal does not record as succeeded")
-	assert.Equal(t, cfg.ops+cfg.unnamed, r.performed, "handler runs")
+	r.Assert(t)
 	if cfg.kills > 0 {
 		assert.Positive(t, r.kills, "the client was never killed")
 	}
-	assert.Greater(t, r.attempts, cfg.ops, "faults caused retries")
+	assert.Greater(t, r.Requests, cfg.ops, "faults caused retries")
 }
 
 // TestChaosCatchesKeyRotation checks that the chaos test's checks can
@@ -513,8 +350,7 @@ func TestChaos(t *testing.T) {
 // response was lost twice, and puts keys on the wire the journal never
 // held.
 func TestChaosCatchesKeyRotation(t *testing.T) {
-	seed := chaosSeedOrRandom()
-	t.Logf("chaos seed %d", seed)
+	seed := chaosFlags.Seed(t)
 	r := runChaos(t, chaosConfig{
 		ops: 40, kills: 1, workers: 4, seed: seed, rotate: true,
 		// Many lost responses: with 40 operations, the chance that none is
@@ -522,6 +358,6 @@ func TestChaosCatchesKeyRotation(t *testing.T) {
 		rates: idemtest.FaultRates{Seed: seed, DropAfter: 0.3},
 	})
 	r.report(t, seed)
-	assert.Positive(t, r.duplicates, "a rotating client must perform some operation twice")
-	assert.Positive(t, r.foreignKeys, "a rotating client must put unjournaled keys on the wire")
+	assert.Positive(t, r.Duplicates, "a rotating client must perform some operation twice")
+	assert.Positive(t, r.ForeignKeys, "a rotating client must put unjournaled keys on the wire")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -41,22 +42,49 @@ type Client struct {
 func Open(path string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
 	bo := &BoltOptions{Logger: cfg.logger}
-	if h := cfg.hooks; h != nil && h.JournalCommit != nil {
-		bo.OnCommit = func(n int, d time.Duration, err error) {
-			h.JournalCommit(JournalCommitInfo{Changes: n, Latency: d, Err: err})
-		}
-	}
+	bo.OnCommit = cfg.hooks.commitHook()
 	store, err := OpenBoltStore(path, bo)
 	if err != nil {
 		return nil, err
 	}
-	return newClient(store, cfg), nil
+	c := newClient(store, cfg)
+	if err := c.t.j.refused; err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("open journal %s: %w", path, err)
+	}
+	return c, nil
 }
 
 // New returns a Client that journals to store. The Client owns store from
-// now on: Close closes it.
+// now on: Close closes it. New panics if store is nil (or a nil pointer),
+// which is what a store constructor's error left unchecked gives: check
+// the error of OpenBoltStore, pgstore.Open and the like first.
+//
+// If store is a PolicyStore, New checks the Client's policy (key header,
+// resend window, retention, match window) against the journal's and
+// stores it. When the journal's policy does not allow it (see
+// Policy.Allows), the Client is refused: every keyed call and Resume fails
+// with an error matching ErrPolicyConflict, and nothing is sent. Open
+// returns that error instead. A store that cannot read or write its
+// policy is only logged (Warn): its Reserve would fail too if the journal
+// were unusable.
 func New(store KeyStore, opts ...Option) *Client {
+	if store == nil || isNilPointer(store) {
+		panic(fmt.Sprintf("idem.New: the KeyStore is nil (%T): check the error of the call that opened it (OpenBoltStore, pgstore.Open, ...) before calling New", store))
+	}
 	return newClient(store, newConfig(opts))
+}
+
+// isNilPointer reports whether v is a nil pointer in a non-nil interface.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
+// journalPolicy is the part of the configuration that travels with the
+// journal.
+func (c *config) journalPolicy() Policy {
+	return Policy{KeyHeader: c.header, ResendWindow: c.resendWindow, Retention: c.retention, MatchWindow: c.matchWindow}
 }
 
 func newClient(store KeyStore, cfg config) *Client {
@@ -65,11 +93,20 @@ func newClient(store KeyStore, cfg config) *Client {
 		retention: cfg.retention, log: cfg.logger,
 		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
+	j.keyHeader = cfg.header
 	t := &Transport{cfg: cfg, j: j}
 	c := &Client{t: t, resuming: make(chan struct{}, 1)}
 	c.closing, c.stopClosing = context.WithCancelCause(context.Background())
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}
 	j.anchorClock()
+	if err := j.adoptPolicy(cfg.journalPolicy()); errors.Is(err, ErrPolicyConflict) {
+		j.refused = err
+	} else if err != nil {
+		cfg.logger.Warn("idem: journal policy", "err", err)
+	}
+	if j.refused != nil {
+		return c // it sweeps nothing and resumes nothing
+	}
 	j.maybeSweep() // the first sweep runs at once, in the background
 	if cfg.resumeEvery > 0 {
 		c.resumerDone = make(chan struct{})

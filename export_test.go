@@ -1,7 +1,5 @@
 package idem
 
-import "time"
-
 // OpenBoltStorePerWrite opens a BoltStore that commits every change in its
 // own bbolt Update, without group commit: the benchmarks' baseline. It uses
 // the same codec and layout as OpenBoltStore.
@@ -13,12 +11,6 @@ func OpenBoltStorePerWrite(path string, o *BoltOptions) (*BoltStore, error) {
 	opt.perWrite = true
 	return OpenBoltStore(path, &opt)
 }
-
-// SetNow replaces the store's clock. Call it before using the store.
-func (s *BoltStore) SetNow(now func() time.Time) { s.now = now }
-
-// SetNow replaces the store's clock. Call it before using the store.
-func (m *MemoryStore) SetNow(now func() time.Time) { m.now = now }
 
 // Journal bucket names and format marker, for tests that damage or forge
 // a journal on purpose.
@@ -38,3 +30,14 @@ func (m *MemoryStore) Len() int {
 // StillNamed is the check that the journal's path still names its file,
 // made before each commit.
 func (s *BoltStore) StillNamed() error { return s.f.stillNamed() }
+
+// OpenBoltStoreBeforeCompact opens a BoltStore that calls hook, with the
+// journal's lock held, when Open has decided to compact it.
+func OpenBoltStoreBeforeCompact(path string, o *BoltOptions, hook func()) (*BoltStore, error) {
+	var opt BoltOptions
+	if o != nil {
+		opt = *o
+	}
+	opt.beforeCompact = hook
+	return OpenBoltStore(path, &opt)
+}

@@ -2,13 +2,20 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
 	"time"
 )
 
 // Hooks are callbacks for what idem does, in the style of
 // net/http/httptrace.ClientTrace: every field is optional and a nil one
 // costs nothing. Set them for a Client with WithHooks, or for the requests
-// of one context with WithRequestHooks; both are called when both are set.
+// of one context with WithRequestHooks. Like httptrace's ClientTrace, hooks
+// compose: every WithHooks adds to the Client's hooks, every
+// WithRequestHooks adds to those already in the context, and an event
+// calls them all, the Client's first, each in the order it was added.
 // Hooks are called synchronously on the goroutine doing the work (the
 // caller's, Resume's, or the journal's writer for JournalCommit): keep
 // them quick, and do not call back into the Client from them.
@@ -24,7 +31,10 @@ type Hooks struct {
 	// RetryScheduled is called before the wait for the next attempt.
 	RetryScheduled func(RetryInfo)
 	// Settled is called when the caller received an operation's answer
-	// (its body read to the end or closed): it will not be sent again.
+	// (its body read to the end or closed) and the journal accepted its
+	// finish mark: Resume will not send it again. (A re-drive by the same
+	// name or key sends it again, and gets the server's stored answer.)
+	// If the finish mark failed, JournalError is called instead.
 	Settled func(op OperationInfo)
 	// InDoubt is called when an operation ends without an answer for the
 	// caller after a request may have reached the server: it stays pending
@@ -41,6 +51,28 @@ type Hooks struct {
 	// BoltOptions.OnCommit): how many changes it carried, how long it took
 	// with its fsyncs, and its error. Only the Client's hooks get it.
 	JournalCommit func(JournalCommitInfo)
+	// JournalError is called when a journal write for an operation failed:
+	// its reservation (then nothing was sent and the caller gets the
+	// error), the record of an attempt, its finish mark (then Settled is
+	// not called: the journal still holds the operation as pending, and
+	// Resume may send it again), or its lease. idem also logs each at
+	// Error.
+	JournalError func(JournalErrorInfo)
+}
+
+// JournalErrorInfo describes a journal write that failed.
+type JournalErrorInfo struct {
+	// OperationInfo is the operation the write was for. A reservation that
+	// failed has no key yet unless the operation was journaled before.
+	OperationInfo
+	// Context is the request's context, or Background for writes made
+	// after the call returned.
+	Context context.Context
+	// Write names the write: WriteReserve, WriteAttempt, WriteFinish or
+	// WriteLease.
+	Write string
+	// Err is the store's error.
+	Err error
 }
 
 // JournalCommitInfo describes one commit of the journal.
@@ -63,6 +95,9 @@ type OperationInfo struct {
 	// Resend reports that requests under the key may have been sent before
 	// this call: a re-drive, or Resume.
 	Resend bool
+	// Earlier counts the requests written under the key before this call,
+	// as the journal counted them (0 for a new operation).
+	Earlier int
 }
 
 // AttemptInfo describes one attempt.
@@ -70,7 +105,12 @@ type AttemptInfo struct {
 	OperationInfo
 	// Context is the request's context, for example to parent a span.
 	Context context.Context
-	// Attempt is the attempt's number within the call, from 1.
+	// Attempt is the request's number within the call, from 1. Every
+	// request written counts, including one net/http wrote again on its
+	// own after a reused connection closed (then Err is set and Reason is
+	// "connection closed" for the lost one), so AttemptDone is called once
+	// per request on the wire; an attempt that wrote nothing (the
+	// connection failed) is reported once too.
 	Attempt int
 	// Status is the response's status, or 0 when none came.
 	Status int
@@ -82,6 +122,9 @@ type AttemptInfo struct {
 	// Latency is how long the attempt took until its response headers or
 	// its error.
 	Latency time.Duration
+	// Protocol is the HTTP version of the response, "1.1" or "2" (as
+	// OpenTelemetry's network.protocol.version), or "" when none came.
+	Protocol string
 }
 
 // RetryInfo describes a scheduled retry.
@@ -103,73 +146,247 @@ type RetryInfo struct {
 type hooksContext struct{}
 
 // WithRequestHooks returns a context whose requests call h's hooks, besides
-// the Client's.
+// the Client's and those of any WithRequestHooks already in ctx. As with
+// httptrace.WithClientTrace, hooks compose: a second registration adds to
+// the first, never replaces it. The Client's hooks are called first, then
+// the context's in the order they were added.
 func WithRequestHooks(ctx context.Context, h *Hooks) context.Context {
-	return context.WithValue(ctx, hooksContext{}, h)
+	if h == nil {
+		return ctx
+	}
+	old, _ := ctx.Value(hooksContext{}).(hookList)
+	return context.WithValue(ctx, hooksContext{}, append(old[:len(old):len(old)], h))
 }
 
-// hookSet is the hooks of one call: the Client's and the context's.
-type hookSet [2]*Hooks
+// hookList is hooks in the order they were added.
+type hookList []*Hooks
 
-func hooksFor(ctx context.Context, client *Hooks) hookSet {
-	h, _ := ctx.Value(hooksContext{}).(*Hooks)
+// hookSet is the hooks of one call: the Client's and the context's.
+type hookSet struct{ client, req hookList }
+
+func hooksFor(ctx context.Context, client hookList) hookSet {
+	h, _ := ctx.Value(hooksContext{}).(hookList)
 	return hookSet{client, h}
 }
 
-// info returns the operation's OperationInfo in state.
-func (o *operation) info(state State) OperationInfo {
-	r := &o.rec
-	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend}
-}
-
-func (hs hookSet) attemptDone(a AttemptInfo) {
-	for _, h := range hs {
-		if h != nil && h.AttemptDone != nil {
-			h.AttemptDone(a)
-		}
+// each calls fn with every hook of the set, the Client's first.
+func (hs hookSet) each(fn func(*Hooks)) {
+	for _, h := range hs.client {
+		fn(h)
 	}
-}
-
-func (hs hookSet) retryScheduled(r RetryInfo) {
-	for _, h := range hs {
-		if h != nil && h.RetryScheduled != nil {
-			h.RetryScheduled(r)
-		}
-	}
-}
-
-func (hs hookSet) settled(op OperationInfo) {
-	for _, h := range hs {
-		if h != nil && h.Settled != nil {
-			h.Settled(op)
-		}
-	}
-}
-
-func (hs hookSet) inDoubt(op OperationInfo, err error) {
-	for _, h := range hs {
-		if h != nil && h.InDoubt != nil {
-			h.InDoubt(op, err)
-		}
-	}
-}
-
-func (hs hookSet) resumed(op OperationInfo, status int, err error) {
-	for _, h := range hs {
-		if h != nil && h.Resumed != nil {
-			h.Resumed(op, status, err)
-		}
-	}
-}
-
-func (hs hookSet) expired(op OperationInfo) {
-	for _, h := range hs {
-		if h != nil && h.Expired != nil {
-			h.Expired(op)
-		}
+	for _, h := range hs.req {
+		fn(h)
 	}
 }
 
 // any reports whether a hook is set at all, so callers can skip building
 // event values.
-func (hs hookSet) any() bool { return hs[0] != nil || hs[1] != nil }
+func (hs hookSet) any() bool { return len(hs.client) > 0 || len(hs.req) > 0 }
+
+func (hs hookSet) attemptDone(a AttemptInfo) {
+	hs.each(func(h *Hooks) {
+		if h.AttemptDone != nil {
+			h.AttemptDone(a)
+		}
+	})
+}
+
+func (hs hookSet) retryScheduled(r RetryInfo) {
+	hs.each(func(h *Hooks) {
+		if h.RetryScheduled != nil {
+			h.RetryScheduled(r)
+		}
+	})
+}
+
+func (hs hookSet) settled(op OperationInfo) {
+	hs.each(func(h *Hooks) {
+		if h.Settled != nil {
+			h.Settled(op)
+		}
+	})
+}
+
+func (hs hookSet) inDoubt(op OperationInfo, err error) {
+	hs.each(func(h *Hooks) {
+		if h.InDoubt != nil {
+			h.InDoubt(op, err)
+		}
+	})
+}
+
+func (hs hookSet) resumed(op OperationInfo, status int, err error) {
+	hs.each(func(h *Hooks) {
+		if h.Resumed != nil {
+			h.Resumed(op, status, err)
+		}
+	})
+}
+
+func (hs hookSet) expired(op OperationInfo) {
+	hs.each(func(h *Hooks) {
+		if h.Expired != nil {
+			h.Expired(op)
+		}
+	})
+}
+
+func (hs hookSet) journalError(e JournalErrorInfo) {
+	hs.each(func(h *Hooks) {
+		if h.JournalError != nil {
+			h.JournalError(e)
+		}
+	})
+}
+
+// commitHook returns a BoltOptions.OnCommit that calls the JournalCommit
+// hooks of l, or nil if none is set.
+func (l hookList) commitHook() func(int, time.Duration, error) {
+	var fns []func(JournalCommitInfo)
+	for _, h := range l {
+		if h.JournalCommit != nil {
+			fns = append(fns, h.JournalCommit)
+		}
+	}
+	if len(fns) == 0 {
+		return nil
+	}
+	return func(n int, d time.Duration, err error) {
+		info := JournalCommitInfo{Changes: n, Latency: d, Err: err}
+		for _, fn := range fns {
+			fn(info)
+		}
+	}
+}
+
+// Journal writes named in JournalErrorInfo.Write.
+const (
+	// WriteReserve is the write before the first request: the
+	// reservation of a new operation, or the reopening of a journaled one.
+	// When it fails nothing is sent.
+	WriteReserve = "reserve"
+	// WriteAttempt records the requests of an attempt that will be retried.
+	WriteAttempt = "attempt"
+	// WriteFinish is the finish mark of an operation that ended.
+	WriteFinish = "finish"
+	// WriteLease releases or renews an operation's lease.
+	WriteLease = "lease"
+)
+
+// journalFailed reports a journal write that failed: one Error line in
+// the log and the JournalError hooks.
+func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInfo, write string, err error) {
+	j.log.Error("idem: journal write failed", "idem.key", op.Key, "idem.operation", op.Name,
+		"idem.journal.write", write, "exception.message", err)
+	if hs.any() {
+		hs.journalError(JournalErrorInfo{OperationInfo: op, Context: ctx, Write: write, Err: err})
+	}
+}
+
+// journalFault reports whether err, from a reservation, says the journal
+// could not be read or written (rather than, say, a key in use).
+func journalFault(err error) bool {
+	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion) || errors.Is(err, ErrOutcomeUnknown)
+}
+
+// info returns the operation's OperationInfo in state.
+func (o *operation) info(state State) OperationInfo {
+	r := &o.rec
+	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts}
+}
+
+// ErrTransportResent is AttemptInfo.Err for a request that net/http wrote
+// again on its own, within one attempt: the reused connection closed before
+// any response came, and a request with an Idempotency-Key header is one
+// net/http replays. The request written after it has the attempt's outcome.
+var ErrTransportResent = errors.New("idem: the connection closed before a response came; net/http wrote the request again")
+
+// attemptsDone calls AttemptDone once per request the last attempt wrote
+// (n; 0 when nothing was written, which still reports the attempt once).
+// Every request but the last was lost with its connection and written
+// again by net/http; each is reported as lasting until the next write.
+func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, resp *http.Response, err error, reason string) {
+	o.replayMu.Lock()
+	replays := o.replayAt
+	o.replayAt = o.replayAt[:0]
+	o.replayMu.Unlock()
+	start := began
+	for i := 0; i < n-1; i++ {
+		at := start
+		if i < len(replays) {
+			at = replays[i]
+		}
+		o.reported++
+		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+			Err: ErrTransportResent, Reason: "connection closed", Latency: at.Sub(start)})
+		start = at
+	}
+	o.reported++
+	a := AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+		Err: err, Reason: reason, Latency: time.Since(start)}
+	if resp != nil {
+		a.Status = resp.StatusCode
+		a.Protocol = protocolVersion(resp)
+	}
+	o.hooks.attemptDone(a)
+}
+
+// reserveFailed reports a reservation that failed in the journal, with
+// the key the error carries (the journal's, if it had one).
+func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, err error) {
+	info := OperationInfo{Name: op.Name, Method: op.Method, URL: op.URL, State: StatePending}
+	var ie *Error
+	if errors.As(err, &ie) {
+		info.Key = ie.Key
+	}
+	j.journalFailed(ctx, hs, info, WriteReserve, err)
+}
+
+// protocolVersion returns resp's HTTP version as "1.1", "2" or "3".
+func protocolVersion(resp *http.Response) string {
+	switch {
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 1:
+		return "1.1"
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 0:
+		return "1.0"
+	case resp.ProtoMajor >= 2 && resp.ProtoMinor == 0:
+		return strconv.Itoa(resp.ProtoMajor)
+	case resp.ProtoMajor == 0:
+		return ""
+	}
+	return strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor)
+}
+
+// Log attributes follow one style: OpenTelemetry's names where they have
+// one (http.response.status_code, http.request.resend_count,
+// exception.message for an error's text), idem.* otherwise, and durations
+// as milliseconds with the unit in the name (durationMS), since a JSON
+// handler prints a time.Duration as bare nanoseconds.
+
+// durationMS returns d as the attribute key, in milliseconds.
+func durationMS(key string, d time.Duration) slog.Attr {
+	return slog.Float64(key, float64(d)/float64(time.Millisecond))
+}
+
+// resends returns the http.request.resend_count of the next request of a
+// call: every request under the key so far, this call's and earlier ones
+// (an unkeyed call counts its tries instead).
+func (o *operation) resends(int) int {
+	return o.rec.Attempts + o.written
+}
+
+// logResumed writes the Debug line of an operation Resume took: sent (the
+// status it got, or err), or not sent (err says why).
+func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
+	if !j.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	attrs := []any{"idem.key", rec.Key, "idem.operation", rec.Name, "idem.sent", sent}
+	if status != 0 {
+		attrs = append(attrs, "http.response.status_code", status)
+	}
+	if err != nil {
+		attrs = append(attrs, "exception.message", err)
+	}
+	j.log.Debug("idem: resume took operation", attrs...)
+}

@@ -13,11 +13,14 @@ import (
 // process's name and lease, the in-flight registry and the index of recent
 // calls a resend may belong to. Transport and Resume share one.
 type journal struct {
-	store        KeyStore
-	owner        string
+	store     KeyStore
+	owner     string
+	keyHeader string // what Operation.KeyHeader records
+	// refused, if set, is why this Client may not use the journal (its
+	// policy conflicts with the journal's): every call fails with it.
+	refused      error
 	lease        time.Duration
 	resendWindow time.Duration
-	matchWindow  time.Duration
 	retention    time.Duration
 	log          *slog.Logger
 
@@ -26,7 +29,14 @@ type journal struct {
 	calls  calls
 
 	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)
-	sweeps    sync.WaitGroup // sweeps running, for Close
+	sweeps    sync.WaitGroup // sweeps and clock measurements running, for Close
+
+	// clock is the store's clock, if it has one; offset is what to add to
+	// the local clock to read it (ns), measured at measured (local Unix ns).
+	clock     Clock
+	offset    atomic.Int64
+	measured  atomic.Int64
+	measuring atomic.Bool
 	// anchor is when the journal last changed before this Client opened
 	// it, if the store says, and opened is when that was read (with its
 	// monotonic reading).
@@ -38,16 +48,70 @@ type journal struct {
 	renewStopped bool
 }
 
-// lastChanger is implemented by stores that know when they last changed.
-type lastChanger interface {
-	LastChange(ctx context.Context) (time.Time, error)
+// clockRefresh is how often the offset to a store's Clock is measured
+// again, and clockTimeout bounds one measurement.
+const (
+	clockRefresh = 5 * time.Minute
+	clockTimeout = 5 * time.Second
+)
+
+// now returns the time the journal passes to its store: the local clock,
+// plus the offset to the store's Clock if it has one. A measurement older
+// than clockRefresh starts a new one in the background.
+func (j *journal) now() time.Time {
+	t := time.Now()
+	if j.clock == nil {
+		return t
+	}
+	if t.UnixNano()-j.measured.Load() >= int64(clockRefresh) && j.measuring.CompareAndSwap(false, true) {
+		j.sweeps.Add(1)
+		go func() {
+			defer j.sweeps.Done()
+			defer j.measuring.Store(false)
+			j.measureClock()
+		}()
+	}
+	return t.Add(time.Duration(j.offset.Load()))
 }
 
-// anchorClock reads the store's last change, which bounds how far the
-// sweeps of this Client trust the wall clock.
+// measureClock measures the offset between the local clock and the
+// store's, taking the store's reading as made in the middle of the call.
+// A failed measurement keeps the last offset.
+func (j *journal) measureClock() {
+	ctx, cancel := context.WithTimeout(context.Background(), clockTimeout)
+	defer cancel()
+	before := time.Now()
+	st, err := j.clock.Now(ctx)
+	after := time.Now()
+	j.measured.Store(after.UnixNano())
+	if err != nil {
+		if !errors.Is(err, ErrClosed) {
+			j.log.Warn("idem: reading the store's clock", "err", err)
+		}
+		return
+	}
+	j.offset.Store(int64(st.Sub(before.Add(after.Sub(before) / 2))))
+}
+
+// stamp fills in what the journal sets on a record it reserves: its
+// state, its times and its lease, from one reading of the clock.
+func (j *journal) stamp(op *Operation) {
+	now := j.now()
+	op.State, op.Created, op.Updated = StatePending, now, now
+	op.Owner, op.LeaseUntil = j.owner, now.Add(j.lease)
+	op.KeyHeader = j.keyHeader
+}
+
+// anchorClock measures the offset to the store's clock, if it has one,
+// and reads the store's last change, which bounds how far the sweeps of
+// this Client trust the clock.
 func (j *journal) anchorClock() {
+	if c, ok := j.store.(Clock); ok {
+		j.clock = c
+		j.measureClock()
+	}
 	j.opened = time.Now()
-	if lc, ok := j.store.(lastChanger); ok {
+	if lc, ok := j.store.(LastChanger); ok {
 		if t, err := lc.LastChange(context.Background()); err == nil {
 			j.anchor = t
 		}
@@ -86,13 +150,13 @@ func (j *journal) maybeSweep() {
 	j.sweeps.Add(1)
 	go func() {
 		defer j.sweeps.Done()
-		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(now))
+		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(j.now()))
 		switch {
 		case errors.Is(err, ErrClosed):
 		case err != nil:
-			j.log.Warn("idem: sweeping finished operations", "err", err)
+			j.log.Warn("idem: sweeping finished operations", "exception.message", err)
 		default:
-			j.log.Debug("idem: swept finished operations", "count", n)
+			j.log.Debug("idem: swept finished operations", "idem.swept", n)
 		}
 	}()
 }
@@ -106,12 +170,32 @@ func (j *journal) newLease(now time.Time) Lease {
 // after after that this process owns or whose lease lapsed, under a new
 // lease.
 func (j *journal) claimPending(ctx context.Context, after string, n int) ([]Operation, error) {
-	return j.store.Claim(ctx, j.newLease(time.Now()), after, n)
+	return j.store.Claim(ctx, j.newLease(j.now()), after, n)
+}
+
+// releaseClaim ends the lease Claim gave this Client on op, which Resume
+// does not send, so that no one waits for it: a caller's re-drive, or
+// another replica's Resume, may take it at once. An operation in flight
+// in this process keeps its caller's lease.
+func (j *journal) releaseClaim(ctx context.Context, op Operation) {
+	ids := flightIDs(op.Key, op.Name)
+	if wait, _ := j.flight.acquire(&ids); wait != nil {
+		return
+	}
+	defer j.flight.release(ids)
+	now := j.now()
+	if err := j.store.Renew(ctx, op.Key, Lease{Owner: j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
+		j.log.Warn("idem: releasing a claimed operation", "idem.key", op.Key, "err", err)
+	}
 }
 
 // clockSkew is how far in the future a record's creation time may lie
 // before idem takes it for a sign that the clock moved.
 const clockSkew = time.Minute
+
+// errExpiredFinal says why an expired operation is not sent again, even
+// within the resend window: expiry is final.
+var errExpiredFinal = errors.New("idem: the operation was expired: it is never sent again; reconcile it with the server by its key")
 
 // errFutureRecord says why a record dated in the future is not sent.
 var errFutureRecord = errors.New("idem: record is dated in the future; the clock moved, so its age is unknown")
@@ -158,12 +242,12 @@ func (j *journal) renewLeases() {
 	j.renewMu.Lock()
 	j.renewArmed.Store(false)
 	j.renewMu.Unlock()
-	now := time.Now()
-	keys, busy := j.flight.runningSince(now.Add(-j.lease / 3))
+	keys, busy := j.flight.runningSince(time.Now().Add(-j.lease / 3))
+	now := j.now()
 	for _, key := range keys {
 		err := j.store.Renew(context.Background(), key, j.newLease(now))
 		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
-			j.log.Warn("idem: renewing operation lease", "idem.key", key, "err", err)
+			j.log.Warn("idem: renewing operation lease", "idem.key", key, "exception.message", err)
 		}
 	}
 	if busy {

@@ -65,19 +65,19 @@ const (
 func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySource, err error) {
 	ctx := req.Context()
 	if k, ok := ctx.Value(keyContext{}).(string); ok {
-		return k, "", keyFromContext, validKey(k)
+		return k, "", keyFromContext, t.cfg.checkKey(k)
 	}
 	if n, ok := ctx.Value(operationContext{}).(string); ok {
 		if n == "" || len(n) > maxNameLen {
 			return "", "", keyFromName, fmt.Errorf("operation name must be 1 to %d bytes, got %d", maxNameLen, len(n))
 		}
-		key, err := newKey()
+		key, err := t.cfg.newKey()
 		return key, n, keyFromName, err
 	}
 	if k := headerKey(req.Header, t.cfg.header); k != "" {
-		return k, "", keyFromHeader, validKey(k)
+		return k, "", keyFromHeader, t.cfg.checkKey(k)
 	}
-	key, err = newKey()
+	key, err = t.cfg.newKey()
 	return key, "", keyNew, err
 }
 

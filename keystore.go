@@ -53,6 +53,12 @@ func (s State) Finished() bool { return s == StateSucceeded || s == StateFailed 
 type Operation struct {
 	// Key is the Idempotency-Key sent with every attempt.
 	Key string
+	// KeyHeader is the request header the key travels in, as the
+	// application named it when the operation was journaled (it may change
+	// between releases); Resume sends the key in it. It is "" only in
+	// records written before it existed: Resume then uses the Client's
+	// key header (WithHeader).
+	KeyHeader string
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string
 	// Method and URL are those of the request. The URL carries no user info
@@ -118,6 +124,8 @@ type Attempt struct {
 	Status int
 	// Err is the text of the error when no response came, or "".
 	Err string
+	// At is when the mark is made; the store sets Updated to it.
+	At time.Time
 }
 
 // Outcome is what KeyStore.Finish records of a finished operation.
@@ -131,6 +139,8 @@ type Outcome struct {
 	// Sent counts the requests written that no Attempt recorded (0 when the
 	// last request was recorded, or nothing was sent).
 	Sent int
+	// At is when the mark is made; the store sets Updated to it.
+	At time.Time
 }
 
 // KeyStore is the journal behind a Client: the memory store, the bbolt
@@ -149,10 +159,15 @@ type Outcome struct {
 //
 // Records are ordered by key (for UUIDv7 keys, the order they were made).
 //
-// A store may also have a method LastChange(ctx) (time.Time, error) that
-// returns when it last changed. A Client then trusts its wall clock for
-// sweeping only as far as that time plus what it measured since, so that a
-// clock set ahead does not sweep away keys a server still honours.
+// A store reads no clock: every time it records is given by the caller
+// (Operation.Created and Updated to Reserve, Lease.At to Acquire and Renew,
+// Attempt.At and Outcome.At), and every time it compares is given too
+// (Lease.At, Sweep's cutoff). The Client computes them, from the store's
+// own clock when the store is a Clock.
+//
+// A store may implement the optional capabilities LastChanger, Inspector,
+// Clock and PolicyStore; each says what the Client does without it.
+//
 // Every error about the journal itself matches one of ErrJournalCorrupt,
 // ErrJournalWrite, ErrRecordVersion or ErrClosed; a missing record matches
 // ErrNotFound.
@@ -164,8 +179,9 @@ type KeyStore interface {
 	// created it. An existing record is returned unchanged, with its
 	// replayable request if it is pending. A store may keep op.Header and
 	// op.Body, and the record returned for a created operation may share
-	// them: the caller must change neither afterwards. The store sets
-	// Updated, and Created unless op has one.
+	// them: the caller must change neither afterwards. The store keeps
+	// every field as given, State, Created and Updated included (the
+	// Client sets them); a record created finished keeps no request.
 	Reserve(ctx context.Context, op Operation) (rec Operation, created bool, err error)
 
 	// Acquire gives the record for key to l.Owner until l.Until and returns
@@ -173,27 +189,27 @@ type KeyStore interface {
 	// another owner's lease that has not lapsed at l.At, Acquire changes
 	// nothing and returns an error matching ErrInProgress. If the record is
 	// finished, it is made pending again with header and body as its
-	// replayable request.
+	// replayable request. Updated becomes l.At.
 	Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error)
 
 	// Renew extends l.Owner's lease on the pending record for key to
 	// l.Until (which may be l.At, releasing it). It returns an error
 	// matching ErrLeaseLost if the record is not pending or another owner
 	// holds it, and one matching ErrNotFound or ErrLeaseLost if there is
-	// no record for key.
+	// no record for key. It changes only the lease: Updated stays.
 	Renew(ctx context.Context, key string, l Lease) error
 
 	// Get returns the record for key, or an error matching ErrNotFound.
 	Get(ctx context.Context, key string) (Operation, error)
 
 	// Attempt records requests written under key: it adds a.Sent to
-	// Attempts and sets LastStatus and LastError. The operation stays
-	// pending.
+	// Attempts and sets LastStatus, LastError and Updated (to a.At). The
+	// operation stays pending.
 	Attempt(ctx context.Context, key string, a Attempt) error
 
 	// Finish moves the record for key to the final state o.State, adds
-	// o.Sent to Attempts, records status and error, drops the replayable
-	// request and ends the lease.
+	// o.Sent to Attempts, records status and error, sets Updated to o.At,
+	// drops the replayable request and ends the lease.
 	Finish(ctx context.Context, key string, o Outcome) error
 
 	// Pending returns up to limit pending records with keys after after
@@ -230,14 +246,78 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// newRecord fills in what Reserve sets on a new record: its times and, if
-// unset, the pending state.
-func newRecord(op *Operation, now time.Time) {
-	if op.Created.IsZero() {
-		op.Created = now
-	}
-	op.Updated = now
-	if op.State == 0 {
-		op.State = StatePending
-	}
+// LastChanger is an optional capability of a KeyStore: a store that knows
+// when it last changed. A Client reads it when it opens the store and then
+// trusts its clock for sweeping only as far as that time plus what it has
+// measured since on its monotonic clock, so that a clock set days ahead does
+// not sweep away the records (and name → key mappings) a server still
+// honours. Without it, a Client sweeps by its clock alone.
+type LastChanger interface {
+	// LastChange returns when the journal last changed, or the zero time
+	// for an empty journal.
+	LastChange(ctx context.Context) (time.Time, error)
+}
+
+// Inspector is an optional capability of a KeyStore: reads that tools
+// need beyond the Client's own. The idem command and package idemstatus
+// use it to list every record and find one by name; without it they can
+// list only pending operations (KeyStore.Pending) and find them by key.
+type Inspector interface {
+	// Named returns the record for an operation name, or an error matching
+	// ErrNotFound.
+	Named(ctx context.Context, name string) (Operation, error)
+	// Walk returns up to limit records of any state with keys after after
+	// ("" starts at the first), in key order, without their requests. It
+	// changes nothing. Unreadable records are reported as Pending reports
+	// them.
+	Walk(ctx context.Context, after string, limit int) ([]Operation, error)
+}
+
+// Clock is an optional capability of a KeyStore shared by several
+// processes: the store's own clock (for PostgreSQL, the database's), by
+// which the leases of every process are judged. When a store implements
+// it, a Client measures the offset between its local clock and the
+// store's at New (taking the middle of the call's round trip), measures it
+// again every few minutes in the background, and computes every time it
+// passes to the store (Created, Updated, Lease.At and Until, Attempt.At,
+// Outcome.At, Sweep's cutoff) as its local time plus that offset. A
+// failed measurement keeps the last offset (0 before the first). Without
+// Clock, a Client passes its local time: right for a store only one
+// process uses at a time, such as the bbolt journal.
+type Clock interface {
+	// Now returns the store's current time.
+	Now(ctx context.Context) (time.Time, error)
+}
+
+// Policy is the part of an application's configuration that travels with
+// its journal, so that every opener (a second process, a newer release,
+// the idem command) acts under it. The zero Policy means none is stored.
+type Policy struct {
+	// KeyHeader is the request header the application sends keys in;
+	// "" means Idempotency-Key. Each operation also records its own
+	// (Operation.KeyHeader), which is what a resend uses.
+	KeyHeader string
+	// ResendWindow is how long after its creation an operation may be sent
+	// again (WithResendWindow).
+	ResendWindow time.Duration
+	// Retention is how long finished records are kept (WithRetention): the
+	// floor below which no opener may sweep.
+	Retention time.Duration
+	// MatchWindow is how long a caller's resend of the same payload is
+	// joined to its operation (WithResendMatchWindow).
+	MatchWindow time.Duration
+}
+
+// PolicyStore is an optional capability of a KeyStore: a place for the
+// application's Policy in the journal. A Client writes its policy there at
+// Open and New, after checking it against the one stored; tools read it to
+// act as the application would. Without it, every opener acts under its
+// own settings only.
+type PolicyStore interface {
+	// Policy returns the stored policy: the zero Policy and a nil error
+	// when none is stored.
+	Policy(ctx context.Context) (Policy, error)
+	// SetPolicy stores p, replacing the stored policy. It returns once the
+	// change is durable.
+	SetPolicy(ctx context.Context, p Policy) error
 }

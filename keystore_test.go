@@ -3,38 +3,12 @@ package idem_test
 import (
 	"net/http"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/storetest"
 )
-
-// store is one KeyStore implementation, with a clock the test moves.
-type store struct {
-	name string
-	open func(t *testing.T, now func() time.Time) idem.KeyStore
-}
-
-func stores() []store {
-	return []store{
-		{"memory", func(t *testing.T, now func() time.Time) idem.KeyStore {
-			s := idem.NewMemoryStore()
-			s.SetNow(now)
-			return s
-		}},
-		{"bolt", func(t *testing.T, now func() time.Time) idem.KeyStore {
-			s, err := idem.OpenBoltStore(filepath.Join(t.TempDir(), "journal.db"), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.SetNow(now)
-			t.Cleanup(func() { _ = s.Close() })
-			return s
-		}},
-	}
-}
 
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.TestKeyStore(t, storetest.Config{
@@ -61,25 +35,17 @@ func TestBoltStoreConformance(t *testing.T) {
 	})
 }
 
-// clock is a settable time source.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+// opTime is when the operations of newOp were made.
+var opTime = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func newOp(key string) idem.Operation {
 	return idem.Operation{
 		Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/charges",
 		Fingerprint: [32]byte{1, byte(len(key))},
 		Owner:       "test",
-		Header:      http.Header{"Content-Type": {"application/json"}},
-		Body:        []byte(`{"amount":42,"key":"` + key + `"}`),
+		State:       idem.StatePending, Created: opTime, Updated: opTime,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   []byte(`{"amount":42,"key":"` + key + `"}`),
 	}
 }
 

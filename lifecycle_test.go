@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"net/http"
@@ -226,7 +228,10 @@ func TestResumeReportsUnreadableRecords(t *testing.T) {
 		damage func(v []byte) []byte
 		want   error
 	}{
-		{"newer record version", func([]byte) []byte { return []byte{0xfe, 1, 2, 3} }, idem.ErrRecordVersion},
+		{"newer record version", func([]byte) []byte {
+			rec := []byte{0xfe, 1, 2, 3} // ends in the checksum every version ends in
+			return binary.LittleEndian.AppendUint32(rec, crc32.Checksum(rec, crc32.MakeTable(crc32.Castagnoli)))
+		}, idem.ErrRecordVersion},
 		{"truncated record", func(v []byte) []byte { return bytes.Clone(v[:len(v)/2]) }, idem.ErrJournalCorrupt},
 	}
 	for _, tt := range tests {
@@ -255,7 +260,18 @@ func TestResumeReportsUnreadableRecords(t *testing.T) {
 
 			rt2 := &scriptRT{steps: []step{resp(201)}}
 			c, err = idem.Open(path, idem.WithBaseTransport(rt2))
-			require.NoError(t, err)
+			if tt.want == idem.ErrJournalCorrupt {
+				// Open finds the damage before it trusts the journal; a
+				// tool that opens it anyway (SkipCheck) meets it in Resume.
+				require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+				assert.Contains(t, err.Error(), damaged)
+				assert.Contains(t, err.Error(), "damaged")
+				store, err := idem.OpenBoltStore(path, &idem.BoltOptions{SkipCheck: true})
+				require.NoError(t, err)
+				c = idem.New(store, idem.WithBaseTransport(rt2))
+			} else {
+				require.NoError(t, err, "a record of a newer idem is no damage")
+			}
 			defer c.Close()
 			fn, got := collect()
 			err = c.Resume(context.Background(), fn)

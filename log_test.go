@@ -101,6 +101,12 @@ func logCalls(t *testing.T, opts ...idem.Option) {
 	}, opts...)
 	c := idem.New(idem.NewMemoryStore(), opts...)
 	defer c.Close()
+	callPaths(t, c)
+}
+
+// callPaths sends pay:flaky and pay:lost through c.
+func callPaths(t *testing.T, c *idem.Client) {
+	t.Helper()
 	for _, path := range []string{"/flaky", "/lost"} {
 		ctx := idem.WithOperation(context.Background(), "pay:"+path[1:])
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://provider.test"+path, strings.NewReader(`{"amount":1}`))
@@ -125,11 +131,21 @@ func TestLoggerRecordsRetriesAndDoubt(t *testing.T) {
 		require.Contains(t, r.attrs, "http.request.resend_count")
 		assert.Equal(t, int64(1), r.attrs["http.request.resend_count"].Int64(), "the first retry is resend 1")
 		assert.NotEmpty(t, r.attrs["idem.reason"].String())
+		assert.LessOrEqual(t, r.attrs["idem.retry.delay_ms"].Float64(), 1.0, "the delay in milliseconds, at most the 1 ms backoff")
+		assert.Equal(t, "backoff", r.attrs["idem.retry.delay_source"].String())
+		assert.NotContains(t, r.attrs, "idem.wait")
 	}
 	reasons := []string{retries[0].attrs["idem.reason"].String(), retries[1].attrs["idem.reason"].String()}
 	assert.ElementsMatch(t, []string{"503", "connection closed"}, reasons)
-	// The retry record does not carry idem.operation yet; see
-	// cmd/idem/README.md (core change requested).
+	assert.ElementsMatch(t, []string{"pay:flaky", "pay:lost"}, []string{retries[0].attrs["idem.operation"].String(), retries[1].attrs["idem.operation"].String()})
+
+	answered := h.find("idem: answered after retries")
+	require.Len(t, answered, 1, "one Info record for the call that needed a retry")
+	assert.Equal(t, slog.LevelInfo, answered[0].level)
+	assert.Equal(t, "pay:flaky", answered[0].attrs["idem.operation"].String())
+	assert.Equal(t, int64(201), answered[0].attrs["http.response.status_code"].Int64())
+	assert.Equal(t, int64(2), answered[0].attrs["idem.attempts"].Int64())
+	assert.Contains(t, answered[0].attrs, "idem.elapsed_ms")
 
 	doubt := h.find("idem: operation left in doubt")
 	require.Len(t, doubt, 1)
@@ -137,11 +153,53 @@ func TestLoggerRecordsRetriesAndDoubt(t *testing.T) {
 	assert.Equal(t, "pay:lost", doubt[0].attrs["idem.operation"].String())
 	assert.NotEmpty(t, doubt[0].attrs["idem.key"].String())
 	assert.Equal(t, retries[1].attrs["idem.key"].String(), doubt[0].attrs["idem.key"].String(), "the retried key is the key left in doubt")
-	assert.Contains(t, doubt[0].attrs["err"].String(), "unexpected EOF")
+	assert.Contains(t, doubt[0].attrs["exception.message"].String(), "unexpected EOF")
 
 	for _, r := range h.recs {
 		for k, v := range r.attrs {
 			assert.NotContains(t, v.String(), `"amount"`, "no body in %q of %q", k, r.msg)
+			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.msg)
+			if v.Kind() == slog.KindDuration {
+				t.Errorf("attribute %q of %q is a bare duration (nanoseconds in JSON)", k, r.msg)
+			}
+		}
+	}
+}
+
+// logStyle lists every attribute name idem's log records may carry: the
+// OpenTelemetry names where they exist, idem.* otherwise, durations with
+// their unit in the name.
+var logStyle = map[string]bool{
+	"idem.key": true, "idem.operation": true, "idem.reason": true, "idem.attempts": true, "idem.stop": true,
+	"idem.retry.delay_ms": true, "idem.retry.delay_source": true, "idem.elapsed_ms": true, "idem.sent": true,
+	"idem.journal.write": true, "idem.swept": true,
+	"http.request.resend_count": true, "http.response.status_code": true, "exception.message": true,
+}
+
+func TestLoggerResumedOperations(t *testing.T) {
+	h := &logRecords{}
+	path := filepath.Join(t.TempDir(), "journal.db")
+	first, err := idem.Open(path, idem.WithBaseTransport(&logRT{seen: map[string]int{}}),
+		idem.WithMaxAttempts(2), idem.WithBackoff(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	callPaths(t, first)
+	require.NoError(t, first.Close())
+	c, err := idem.Open(path, idem.WithBaseTransport(&logRT{seen: map[string]int{}}), idem.WithMaxAttempts(1), idem.WithLogger(slog.New(h)))
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Resume(context.Background(), func(_ idem.Operation, resp *http.Response, err error) {
+		if resp != nil {
+			resp.Body.Close()
+		}
+	}))
+	took := h.find("idem: resume took operation")
+	require.Len(t, took, 1, "one Debug record per operation Resume took")
+	assert.Equal(t, slog.LevelDebug, took[0].level)
+	assert.Equal(t, "pay:lost", took[0].attrs["idem.operation"].String())
+	assert.True(t, took[0].attrs["idem.sent"].Bool())
+	for _, r := range h.recs {
+		for k := range r.attrs {
+			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.msg)
 		}
 	}
 }

@@ -26,7 +26,7 @@ type MemoryStore struct {
 	ops    map[string]*Operation
 	names  map[string]string
 	closed bool
-	now    func() time.Time
+	policy Policy
 
 	// done lists finished records in the order they finished, from
 	// doneHead on, for Sweep. An entry is stale if its record has changed
@@ -40,11 +40,15 @@ type doneRef struct {
 	updated time.Time
 }
 
-var _ KeyStore = (*MemoryStore)(nil)
+var (
+	_ KeyStore    = (*MemoryStore)(nil)
+	_ Inspector   = (*MemoryStore)(nil)
+	_ PolicyStore = (*MemoryStore)(nil)
+)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{ops: make(map[string]*Operation), names: make(map[string]string), now: time.Now}
+	return &MemoryStore{ops: make(map[string]*Operation), names: make(map[string]string)}
 }
 
 // copyOp returns a copy of op whose header map the caller may change. The
@@ -88,7 +92,6 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if ex, ok := m.ops[op.Key]; ok {
 		return copyOp(ex), false, nil
 	}
-	newRecord(&op, m.now())
 	if op.State.Finished() {
 		op.Header, op.Body = nil, nil
 	}
@@ -119,7 +122,7 @@ func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header h
 		op.Header, op.Body = header.Clone(), body
 	}
 	op.Owner, op.LeaseUntil = l.Owner, l.Until
-	op.Updated = m.now()
+	op.Updated = l.At
 	return copyOp(op), nil
 }
 
@@ -155,7 +158,7 @@ func (m *MemoryStore) Get(ctx context.Context, key string) (Operation, error) {
 
 // Attempt implements KeyStore.
 func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error {
-	return m.update(ctx, key, func(op *Operation) {
+	return m.update(ctx, key, a.At, func(op *Operation) {
 		op.Attempts += max(a.Sent, 0)
 		op.LastStatus, op.LastError = a.Status, a.Err
 	})
@@ -166,7 +169,7 @@ func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("idem: finish %q: state %s is not final", key, o.State)
 	}
-	return m.update(ctx, key, func(op *Operation) {
+	return m.update(ctx, key, o.At, func(op *Operation) {
 		op.State = o.State
 		op.Attempts += max(o.Sent, 0)
 		op.LastStatus, op.LastError = o.Status, o.Err
@@ -176,7 +179,7 @@ func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
 	})
 }
 
-func (m *MemoryStore) update(ctx context.Context, key string, fn func(*Operation)) error {
+func (m *MemoryStore) update(ctx context.Context, key string, at time.Time, fn func(*Operation)) error {
 	if err := m.lock(ctx); err != nil {
 		return err
 	}
@@ -186,7 +189,7 @@ func (m *MemoryStore) update(ctx context.Context, key string, fn func(*Operation
 		return fmt.Errorf("update %q: %w", key, ErrNotFound)
 	}
 	fn(op)
-	op.Updated = m.now()
+	op.Updated = at
 	m.noteDone(op)
 	return nil
 }
@@ -201,24 +204,34 @@ func (m *MemoryStore) noteDone(op *Operation) {
 // Pending implements KeyStore. It sorts the pending records on each call,
 // which is fine for the test-sized journals a MemoryStore is for.
 func (m *MemoryStore) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
-	return m.pending(ctx, nil, after, limit)
+	return m.list(ctx, nil, after, limit, true)
+}
+
+// Walk implements Inspector: it lists records of every state, without
+// their requests. It sorts the records on each call.
+func (m *MemoryStore) Walk(ctx context.Context, after string, limit int) ([]Operation, error) {
+	ops, err := m.list(ctx, nil, after, limit, false)
+	for i := range ops {
+		ops[i].Header, ops[i].Body = nil, nil
+	}
+	return ops, err
 }
 
 // Claim implements KeyStore.
 func (m *MemoryStore) Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error) {
-	return m.pending(ctx, &l, after, limit)
+	return m.list(ctx, &l, after, limit, true)
 }
 
-// pending returns the pending records after after, in key order; with a
-// lease, only those it may take, which it leases.
-func (m *MemoryStore) pending(ctx context.Context, l *Lease, after string, limit int) ([]Operation, error) {
+// list returns the records after after, in key order, pending ones only
+// with pendingOnly; with a lease, only those it may take, which it leases.
+func (m *MemoryStore) list(ctx context.Context, l *Lease, after string, limit int, pendingOnly bool) ([]Operation, error) {
 	if err := m.lock(ctx); err != nil {
 		return nil, err
 	}
 	defer m.mu.Unlock()
 	var pend []*Operation
 	for key, op := range m.ops {
-		if op.State == StatePending && key > after && (l == nil || !l.heldByOther(op)) {
+		if (op.State == StatePending || !pendingOnly) && key > after && (l == nil || !l.heldByOther(op)) {
 			pend = append(pend, op)
 		}
 	}
@@ -286,8 +299,7 @@ func withoutQuery(u string) string {
 	return u
 }
 
-// Named returns the record for an operation name, or an error matching
-// ErrNotFound.
+// Named implements Inspector.
 func (m *MemoryStore) Named(ctx context.Context, name string) (Operation, error) {
 	if err := m.lock(ctx); err != nil {
 		return Operation{}, err
@@ -298,4 +310,23 @@ func (m *MemoryStore) Named(ctx context.Context, name string) (Operation, error)
 		return Operation{}, fmt.Errorf("operation %q: %w", name, ErrNotFound)
 	}
 	return copyOp(m.ops[key]), nil
+}
+
+// Policy implements PolicyStore.
+func (m *MemoryStore) Policy(ctx context.Context) (Policy, error) {
+	if err := m.lock(ctx); err != nil {
+		return Policy{}, err
+	}
+	defer m.mu.Unlock()
+	return m.policy, nil
+}
+
+// SetPolicy implements PolicyStore.
+func (m *MemoryStore) SetPolicy(ctx context.Context, p Policy) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	m.policy = p
+	return nil
 }

@@ -40,10 +40,13 @@ type operation struct {
 	ids        flights
 	live       bool
 	wrote      atomic.Int32 // requests written, counted by httptrace
-	written    int          // requests written by this call
-	unrecorded int          // of those, not yet recorded with Attempt
-	mayHave    bool         // a request of this call may have reached the server
-	status     int          // status of the last response, or 0
+	replayMu   sync.Mutex
+	replayAt   []time.Time // when net/http wrote the last attempt's request again
+	reported   int         // AttemptDone events of this call
+	written    int         // requests written by this call
+	unrecorded int         // of those, not yet recorded with Attempt
+	mayHave    bool        // a request of this call may have reached the server
+	status     int         // status of the last response, or 0
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
@@ -93,6 +96,9 @@ func (o *operation) journaled() bool { return o.ids.n > 0 }
 // the recent call it names.
 func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matched bool) error {
 	j := o.j
+	if j.refused != nil {
+		return &Error{Name: op.Name, Cause: ErrPolicyConflict, Err: j.refused}
+	}
 	o.match = mk
 	poll := 10 * time.Millisecond
 	for {
@@ -151,7 +157,11 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 // server's stored answer under the same key.
 func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (<-chan struct{}, error) {
 	j, mk := o.j, o.match
+	j.stamp(op)
 	rec, created, err := j.store.Reserve(ctx, *op)
+	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
+		return nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
+	}
 	if err != nil {
 		return nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
 	}
@@ -180,13 +190,19 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if rec.Fingerprint != op.Fingerprint {
 		return fail(ErrKeyReused, nil)
 	}
-	now := time.Now()
+	if rec.State == StateExpired { // final: never sent again, by name or key
+		return fail(ErrExpired, errExpiredFinal)
+	}
+	now := j.now()
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
 	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
+	}
+	if errors.Is(err, ErrOutcomeUnknown) { // it may be pending under this lease now
+		rec.State = StatePending
 	}
 	if err != nil {
 		return fail(journalCause(err), err)
@@ -233,7 +249,7 @@ func (u unjournaled) Unwrap() error { return u.err }
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
 func journalCause(err error) error {
-	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
+	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrOutcomeUnknown, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
 		if errors.Is(err, s) {
 			return s
 		}
@@ -251,8 +267,15 @@ func (o *operation) traced(ctx context.Context) context.Context {
 // names returns the operation's key and name.
 func (o *operation) names() (key, name string) { return o.rec.Key, o.rec.Name }
 
-// countWrite counts one request written.
-func (o *operation) countWrite() { o.wrote.Add(1) }
+// countWrite counts one request written, and notes the time of every one
+// after an attempt's first: net/http's silent replays.
+func (o *operation) countWrite() {
+	if o.wrote.Add(1) > 1 {
+		o.replayMu.Lock()
+		o.replayAt = append(o.replayAt, time.Now())
+		o.replayMu.Unlock()
+	}
+}
 
 // body returns the request body for attempt n: the journaled body, read
 // by a reader the operation holds for the first attempt, or a fresh one
@@ -266,15 +289,15 @@ func (o *operation) body(n int) (io.ReadCloser, error) {
 }
 
 // tried counts the requests an attempt wrote, as httptrace reported
-// them, and calls the AttemptDone hook.
+// them, and calls the AttemptDone hook once per request written
+// (attemptsDone), net/http's silent replays included.
 func (o *operation) tried(ctx context.Context, tr try) try {
 	tr.count(int(o.wrote.Swap(0)))
 	o.written += tr.writes
 	o.unrecorded += tr.writes
 	o.mayHave = o.mayHave || tr.sent && tr.writes > 0
 	if o.hooks.any() {
-		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: tr.n,
-			Status: statusOf(tr.resp), Err: tr.err, Reason: tr.reason, Latency: time.Since(tr.began)})
+		o.attemptsDone(ctx, tr.writes, tr.began, tr.resp, tr.err, tr.reason)
 	}
 	return tr
 }
@@ -288,7 +311,7 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 	}
 	o.recordAttempt(statusOf(tr.resp), errText)
 	if o.hooks.any() {
-		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: tr.n,
+		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 			Delay: wait, Reason: tr.reason, Source: source})
 	}
 }
@@ -300,10 +323,10 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
-		o.j.log.Warn("idem: recording attempt", "idem.key", o.rec.Key, "err", err)
+		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
 	}
 }
 
@@ -334,17 +357,17 @@ func (o *operation) settle(v verdict, status int) {
 			state = StateSucceeded
 		}
 		o.settledAs = state
-		out := Outcome{State: state, Status: status, Sent: o.unrecorded}
+		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing operation", "idem.key", o.rec.Key, "err", err)
+			// The journal still holds the operation as pending: no Settled.
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
+		} else if o.hooks.any() {
+			o.hooks.settled(o.info(state))
 		}
 		if v == transient {
 			o.j.recent.add(o.match, o.rec.Key)
 		} else {
 			o.j.recent.forget(o.match, o.rec.Key)
-		}
-		if o.hooks.any() {
-			o.hooks.settled(o.info(state))
 		}
 	})
 	o.j.maybeSweep()
@@ -362,12 +385,12 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 			text = cause.Error()
 		}
 		o.recordAttempt(status, text)
-		now := time.Now()
+		now := o.j.now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
-			o.j.log.Warn("idem: releasing operation lease", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
 		}
 		o.j.recent.add(o.match, o.rec.Key)
-		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "err", text)
+		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", text)
 		if o.hooks.any() {
 			o.hooks.inDoubt(o.info(StatePending), cause)
 		}
@@ -390,14 +413,14 @@ func (o *operation) stop(cause, err error) error {
 		return e
 	}
 	e.State = StateFailed
-	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error()}
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), At: o.j.now()}
 	if o.resend {
 		e.State = o.prior
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
 	}
 	o.end(func() {
 		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
-			o.j.log.Error("idem: finishing unsent operation", "idem.key", o.rec.Key, "err", err)
+			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})
 	return e
@@ -415,7 +438,7 @@ func (o *operation) giveUp(state State, cause, err error) *Error {
 			if err != nil {
 				text = err.Error()
 			}
-			if ferr := o.j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text}); ferr != nil {
+			if ferr := o.j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text, At: o.j.now()}); ferr != nil {
 				err = errors.Join(err, ferr)
 			}
 		}
@@ -435,7 +458,7 @@ func (o *operation) reopen(status int, why error) error {
 	if !o.leaveInDoubt(status, why) {
 		return nil
 	}
-	_, err := o.j.store.Acquire(context.Background(), o.rec.Key, o.j.newLease(time.Now()), o.rec.Header, o.rec.Body)
+	_, err := o.j.store.Acquire(context.Background(), o.rec.Key, o.j.newLease(o.j.now()), o.rec.Header, o.rec.Body)
 	return err
 }
 

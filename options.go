@@ -18,7 +18,7 @@ type Option func(*config)
 // config is what Options set. newConfig fills in the defaults.
 type config struct {
 	logger        *slog.Logger
-	hooks         *Hooks
+	hooks         hookList
 	base          http.RoundTripper
 	policy        RetryPolicy
 	header        string
@@ -40,6 +40,7 @@ type config struct {
 	budget        *retryBudget
 	owner         string
 	lease         time.Duration
+	provider      *Provider // set by WithProvider
 }
 
 // Defaults of the options.
@@ -108,6 +109,7 @@ func newConfig(opts []Option) config {
 		host, _ := os.Hostname()
 		c.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
 	}
+	c.applyProvider() // after every option: the provider's retention bounds the window
 	// A name or key must outlive the window in which it may be sent again.
 	c.retention = max(c.retention, c.resendWindow+time.Hour)
 	return c
@@ -116,11 +118,21 @@ func newConfig(opts []Option) config {
 // WithLogger sets the logger for what idem cannot return to a caller:
 // retries at Debug, operations left in doubt at Warn, journal failures at
 // Error. Nil, the default, is silent. idem never logs an error that it
-// also returns.
+// also returns, with one exception: a journal write that failed is logged
+// even when its caller gets the error too, because it concerns the
+// operator of the journal more than the caller.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithHooks sets callbacks for every operation of the Client.
-func WithHooks(h *Hooks) Option { return func(c *config) { c.hooks = h } }
+// WithHooks adds callbacks for every operation of the Client. Each
+// WithHooks adds to the hooks of those before it (see Hooks); nil adds
+// nothing.
+func WithHooks(h *Hooks) Option {
+	return func(c *config) {
+		if h != nil {
+			c.hooks = append(c.hooks, h)
+		}
+	}
+}
 
 // WithBaseTransport sets the RoundTripper that sends each attempt. The
 // default is http.DefaultTransport.

@@ -52,6 +52,9 @@ type resumed struct {
 
 // resume is Resume for operations last updated at least minAge ago.
 func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Operation, *http.Response, error)) error {
+	if err := c.t.j.refused; err != nil {
+		return fmt.Errorf("idem: resume: %w", err)
+	}
 	select {
 	case c.resuming <- struct{}{}:
 	case <-c.closing.Done():
@@ -73,7 +76,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 		workers    sync.WaitGroup
 		readErr    error
 		unreadable []error
-		cutoff     = time.Now().Add(-minAge)
+		cutoff     = j.now().Add(-minAge)
 	)
 	for range c.t.cfg.resumeWorkers {
 		workers.Add(1)
@@ -114,6 +117,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 					continue
 				}
 				if op.Updated.After(cutoff) {
+					j.releaseClaim(ctx, op) // too recent: leave it to others at once
 					continue
 				}
 				select {
@@ -165,10 +169,12 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 		return resumed{}, false // in flight here or settled; its caller has the outcome
 	}
 	notSent := func(state State, cause, err error) (resumed, bool) {
+		e := o.giveUp(state, cause, err)
+		j.logResumed(&rec, false, 0, cause)
 		rec.State = state
-		return resumed{op: rec, err: o.giveUp(state, cause, err)}, true
+		return resumed{op: rec, err: e}, true
 	}
-	if why := j.tooOld(&rec, time.Now()); why != nil {
+	if why := j.tooOld(&rec, j.now()); why != nil {
 		if why == ErrExpired {
 			why = nil
 		}
@@ -188,10 +194,14 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
+	keyHeader := rec.KeyHeader // the header the operation was sent with
+	if keyHeader == "" {       // a record from before KeyHeader existed
+		keyHeader = c.t.cfg.header
+	}
 	if rec.Host != "" {
 		req.Host = rec.Host
 	}
-	req = c.t.outgoing(o, req, rec.Header, nil)
+	req = c.t.outgoing(o, req, rec.Header, keyHeader, nil)
 	if prepare != nil {
 		if err := prepare(req); err != nil {
 			return notSent(StatePending, fmt.Errorf("idem: resume prepare hook: %w", err), nil)
@@ -206,6 +216,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if o.hooks.any() {
 		o.hooks.resumed(o.info(StatePending), statusOf(resp), err)
 	}
+	j.logResumed(&rec, true, statusOf(resp), err)
 	return resumed{op: rec, resp: resp, err: err, o: o}, true
 }
 
@@ -253,7 +264,7 @@ func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 		log.Info("idem: resumed operation", "idem.key", op.Key, "idem.operation", op.Name, "http.response.status_code", resp.StatusCode)
 		return
 	}
-	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "err", err)
+	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", err)
 }
 
 // resumeLoop is the background resumer: every interval it resumes the
@@ -270,7 +281,7 @@ func (c *Client) resumeLoop() {
 			return
 		case <-tick.C:
 			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
-				c.t.cfg.logger.Warn("idem: background resume", "err", err)
+				c.t.cfg.logger.Warn("idem: background resume", "exception.message", err)
 			}
 		}
 	}

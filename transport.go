@@ -170,24 +170,30 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		op.Host = req.Host
 	}
 	if err := o.begin(ctx, op, mk, matched); err != nil {
+		if journalFault(err) {
+			t.j.reserveFailed(ctx, o.hooks, &op, err)
+		}
+		if ie := (*Error)(nil); errors.As(err, &ie) && ie.Cause == ErrOutcomeUnknown {
+			t.j.recent.add(mk, ie.Key) // its resend must find the key that may be journaled
+		}
 		return nil, err
 	}
 	var large func() (io.ReadCloser, error)
 	if rest != nil {
 		large = someBody(req.GetBody)
 	}
-	return t.outgoing(o, req, req.Header, large), nil
+	return t.outgoing(o, req, req.Header, t.cfg.header, large), nil
 }
 
 // outgoing returns the request that o's attempts send, the one place it is
 // built, for a call as for Resume: a copy of base (its method, URL, Host
 // and context) with the trace that counts the requests written, header h
-// with o's key set under the key header, and o's journaled body, or for a
-// body over the journal's limit, large.
-func (t *Transport) outgoing(o *operation, base *http.Request, h http.Header, large func() (io.ReadCloser, error)) *http.Request {
+// with o's key set under keyHeader, and o's journaled body, or for a body
+// over the journal's limit, large.
+func (t *Transport) outgoing(o *operation, base *http.Request, h http.Header, keyHeader string, large func() (io.ReadCloser, error)) *http.Request {
 	out := base.WithContext(o.traced(base.Context()))
 	o.keyValue[0] = o.rec.Key
-	out.Header = outgoingHeader(h, t.cfg.header, o.keyValue[:])
+	out.Header = outgoingHeader(h, keyHeader, o.keyValue[:])
 	out.Body = nil
 	if large != nil {
 		out.GetBody = large
@@ -246,6 +252,9 @@ type caller interface {
 	stop(cause, err error) error
 	// names returns the key and name the log shows for the call.
 	names() (key, name string)
+	// resends returns the http.request.resend_count of the next request
+	// of a call that has made tries attempts.
+	resends(tries int) int
 }
 
 var (
@@ -255,7 +264,6 @@ var (
 
 // try is one attempt of a call: what it got and how it counts.
 type try struct {
-	n      int       // the attempt's number within the call, from 1
 	began  time.Time // when it was sent
 	resp   *http.Response
 	err    error
@@ -265,8 +273,9 @@ type try struct {
 	writes int  // requests it wrote; counted by caller.tried
 }
 
-// classify sets the attempt's verdict from its response or error.
-func (tr *try) classify(ctx context.Context) {
+// classify sets the attempt's verdict from its error, or from its
+// response by byResponse (the configuration's classify).
+func (tr *try) classify(ctx context.Context, byResponse func(*http.Response) (verdict, string)) {
 	tr.sent = true
 	if tr.err != nil {
 		tr.v, tr.reason, tr.sent = classifyError(tr.err)
@@ -274,7 +283,7 @@ func (tr *try) classify(ctx context.Context) {
 			tr.v, tr.reason = permanent, "context done"
 		}
 	} else {
-		tr.v, tr.reason = classifyResponse(tr.resp)
+		tr.v, tr.reason = byResponse(tr.resp)
 	}
 }
 
@@ -335,15 +344,19 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		if b != nil {
 			r.Body = b
 		}
-		tr := try{n: attempt, began: time.Now()}
+		tr := try{began: time.Now()}
 		tr.resp, tr.err = t.cfg.base.RoundTrip(r)
-		tr.classify(ctx)
+		tr.classify(ctx, t.cfg.classify)
 		tr = c.tried(ctx, tr)
 		tries += max(tr.writes, 1)
 		resp := tr.resp
 
 		if tr.v == success || tr.v == permanent {
 			if resp != nil {
+				if tries > 1 {
+					t.cfg.logger.Info("idem: answered after retries", "idem.key", key, "idem.operation", name,
+						"http.response.status_code", resp.StatusCode, "idem.attempts", tries, durationMS("idem.elapsed_ms", time.Since(start)))
+				}
 				return c.deliver(resp, tr.v), nil
 			}
 			cause := ErrNotRetryable
@@ -356,8 +369,8 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		wait, source, why := t.nextWait(ctx, &bo, host, tries, start, resp)
 		if why != nil {
 			if resp != nil {
-				t.cfg.logger.Info("idem: giving up, returning last response",
-					"idem.key", key, "idem.operation", name, "http.request.resend_count", attempt-1, "idem.reason", tr.reason, "idem.stop", why.Error())
+				t.cfg.logger.Info("idem: giving up, returning last response", "idem.key", key, "idem.operation", name,
+					"http.response.status_code", resp.StatusCode, "idem.attempts", tries, "idem.reason", tr.reason, "idem.stop", why.Error())
 				return c.deliver(resp, transient), nil
 			}
 			return nil, c.stop(why, tr.err)
@@ -367,8 +380,8 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 			discard(resp)
 		}
 		c.retrying(ctx, tr, wait, source)
-		t.cfg.logger.Debug("idem: retrying", "idem.key", key, "idem.operation", name, "http.request.resend_count", attempt,
-			"idem.reason", tr.reason, "idem.wait", wait, "idem.wait_source", source)
+		t.cfg.logger.Debug("idem: retrying", "idem.key", key, "idem.operation", name, "http.request.resend_count", c.resends(tries),
+			"idem.reason", tr.reason, durationMS("idem.retry.delay_ms", wait), "idem.retry.delay_source", source)
 		if err := sleep(ctx, wait); err != nil {
 			return nil, c.stop(err, nil)
 		}
@@ -467,6 +480,8 @@ func (u *unkeyed) stop(cause, err error) error {
 }
 
 func (u *unkeyed) names() (key, name string) { return "", "" }
+
+func (u *unkeyed) resends(tries int) int { return tries }
 
 // checkRedirect is the redirect policy of Client.HTTPClient: it does not
 // re-send a keyed request to another URL, and otherwise stops after 10

@@ -6,17 +6,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
-	"os"
-	"runtime/debug"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemgo/idem/internal/boltfile"
 	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
 )
@@ -50,10 +46,8 @@ type BoltOptions struct {
 // nothing. A damaged file or record gives errors matching ErrStoreCorrupt,
 // never a panic and never a replay.
 type BoltStore struct {
-	db      *bolt.DB
+	f       *boltfile.File
 	w       *groupcommit.Writer[*bolt.Tx]
-	file    *os.File    // bbolt's file handle, to release a broken store
-	broken  atomic.Bool // bbolt panicked or faulted; its locks may be held
 	closed  atomic.Bool
 	flights flights // the keys in flight
 }
@@ -66,142 +60,72 @@ var (
 	bucketExpiry  = []byte("expiry") // expires (8 bytes, big endian) + id -> nil
 	metaFormatKey = []byte("format")
 	metaFormat    = []byte("idemserver-bolt-2") // records in internal/codec's server format
+	metaFormatV1  = []byte("idemserver-bolt-1") // records of an earlier release, without checksums
 )
 
 // OpenBoltStore opens the store in the file at path, creating it (mode
 // 0600) if it does not exist. It returns an error matching ErrStoreLocked
 // when another process or handle holds the file, ErrStoreCorrupt when the
-// file is damaged, empty (a store that lost its contents, not a new one)
-// or not a store of this package (the journal of an idem Client is not
-// one), and ErrStoreWrite when it cannot be written.
+// file is damaged, truncated, empty (a store that lost its contents, not
+// a new one) or not a store of this package (the journal of an idem Client
+// is not one), and ErrStoreWrite when it cannot be created or written (a
+// directory, a missing parent directory, a read-only file system).
+//
+// The file handling is the idem journal's (internal/boltfile): after
+// taking the lock, Open checks that the locked file is still the one at
+// the path, and waits for the new one if another opener replaced it; a
+// path that is a symbolic link is followed and stays one; a file of at
+// least 16 MiB that is more than half free pages (after a burst whose
+// responses have expired) is compacted at Open. Every commit first checks
+// that the path still names the open file, and every transaction that the
+// file has not gone back to an older copy (ErrStoreCorrupt); Close reports
+// both.
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
-		return nil, fmt.Errorf("idemserver: open store %s: %w: the file is empty: a store that lost its contents, not a new one (remove it to start a new store)", path, ErrStoreCorrupt)
-	}
 	var opt BoltOptions
 	if o != nil {
 		opt = *o
 	}
-	if opt.LockTimeout <= 0 {
-		opt.LockTimeout = 2 * time.Second
-	}
-	s := &BoltStore{}
-	if err := s.open(path, opt.LockTimeout); err != nil {
+	f, err := boltfile.Open(path, boltfile.Options{
+		Kind:        "store",
+		Foreign:     "an idemserver store",
+		Errors:      storeErrors,
+		LockTimeout: opt.LockTimeout,
+		Meta:        bucketMeta,
+		FormatKey:   metaFormatKey,
+		Marker:      metaFormat,
+		CheckFormat: checkFormat,
+		Buckets:     [][]byte{bucketKeys, bucketExpiry},
+		Compact:     true,
+	})
+	if err != nil {
 		return nil, fmt.Errorf("idemserver: open store %s: %w", path, err)
 	}
-	if err := s.guarded(s.init); err != nil {
-		_ = s.release()
-		return nil, fmt.Errorf("idemserver: open store %s: %w", path, err)
-	}
-	s.w = groupcommit.New(s.update, groupcommit.Options{MaxGroup: opt.MaxGroup})
+	s := &BoltStore{f: f}
+	s.w = groupcommit.New(f.Update, groupcommit.Options{MaxGroup: opt.MaxGroup, Recover: f.Corrupt})
 	return s, nil
 }
 
-// open opens the bbolt file and maps its errors to the package's
-// sentinels. A damaged file can make bbolt panic or fault on its memory
-// map; both become ErrStoreCorrupt.
-func (s *BoltStore) open(path string, timeout time.Duration) (err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			if s.file != nil {
-				_ = s.file.Close()
-			}
-			err = fmt.Errorf("%w: %v", ErrStoreCorrupt, p)
-		}
-	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:      timeout,
-		FreelistType: bolt.FreelistMapType,
-		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
-			f, err := os.OpenFile(name, flag, perm)
-			s.file = f
-			return f, err
-		},
-	})
-	if err != nil {
-		return mapOpenError(err)
-	}
-	s.db = db
-	return nil
+// storeErrors are the sentinels the store file's errors match.
+var storeErrors = boltfile.Errors{
+	Locked:  ErrStoreLocked,
+	Corrupt: ErrStoreCorrupt,
+	Write:   ErrStoreWrite,
+	Closed:  ErrClosed,
 }
 
-func mapOpenError(err error) error {
+// checkFormat checks the store's format marker.
+func checkFormat(f []byte) error {
 	switch {
-	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: %w", ErrStoreLocked, err)
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS), errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %w", ErrStoreWrite, err)
-	}
-	// bbolt reports most damage (a file shorter than its pages, a bad
-	// checksum, a foreign file) with errors of its own or plain ones.
-	return fmt.Errorf("%w: %w", ErrStoreCorrupt, err)
-}
-
-// init checks the format marker and creates the buckets of a new store.
-func (s *BoltStore) init() error {
-	fi, err := s.file.Stat()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrStoreCorrupt, err)
-	}
-	err = s.db.View(func(tx *bolt.Tx) error {
-		if fi.Size() < tx.Size() {
-			return fmt.Errorf("%w: file is %d bytes, its pages need %d (truncated)", ErrStoreCorrupt, fi.Size(), tx.Size())
-		}
+	case bytes.Equal(f, metaFormat):
 		return nil
-	})
-	if err != nil {
-		return err
+	case bytes.Equal(f, metaFormatV1):
+		// Records without checksums: an earlier release's store of
+		// stored answers, which a client's retry within the retention
+		// would still find. Refused, not read.
+		return fmt.Errorf("%w: store format %q of an earlier idemserver, without checksums: "+
+			"wait until its retention has passed, then delete the file or open another path", ErrStoreCorrupt, f)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(bucketMeta); m != nil {
-			if f := m.Get(metaFormatKey); !bytes.Equal(f, metaFormat) {
-				return fmt.Errorf("%w: store format %q, want %q", ErrStoreCorrupt, f, metaFormat)
-			}
-		} else {
-			if c := tx.Cursor(); func() bool { k, _ := c.First(); return k != nil }() {
-				return fmt.Errorf("%w: not an idemserver store (no format marker)", ErrStoreCorrupt)
-			}
-			m, err := tx.CreateBucket(bucketMeta)
-			if err != nil {
-				return err
-			}
-			if err := m.Put(metaFormatKey, metaFormat); err != nil {
-				return err
-			}
-		}
-		for _, name := range [][]byte{bucketKeys, bucketExpiry} {
-			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
-				return fmt.Errorf("%w: bucket %s: %w", ErrStoreCorrupt, name, err)
-			}
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, ErrStoreCorrupt) {
-		return fmt.Errorf("%w: %w", ErrStoreWrite, err)
-	}
-	return err
-}
-
-// guarded runs f with a fault or panic inside bbolt (a damaged page)
-// turned into ErrStoreCorrupt; after one, the store refuses all access.
-func (s *BoltStore) guarded(f func() error) (err error) {
-	if s.broken.Load() {
-		return fmt.Errorf("%w: an earlier access failed", ErrStoreCorrupt)
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			s.broken.Store(true)
-			err = fmt.Errorf("%w: %v", ErrStoreCorrupt, p)
-		}
-	}()
-	return f()
-}
-
-// update is the group-commit writer's transaction.
-func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
-	return s.guarded(func() error { return s.db.Update(fn) })
+	return fmt.Errorf("%w: store format %q, want %q", ErrStoreCorrupt, f, metaFormat)
 }
 
 // write runs fn in the next group commit and waits until it is durable.
@@ -211,7 +135,7 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 	}
 	err := s.w.Do(ctx, fn)
 	switch {
-	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, ErrStoreCorrupt):
+	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, ErrStoreCorrupt), errors.Is(err, ErrStoreWrite):
 		return err
 	case errors.Is(err, groupcommit.ErrClosed):
 		return ErrClosed
@@ -226,7 +150,7 @@ func (s *BoltStore) read(fn func(*bolt.Tx) error) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	return s.guarded(func() error { return s.db.View(fn) })
+	return s.f.View(fn)
 }
 
 // sweepChunk bounds the records one sweep transaction deletes.
@@ -272,23 +196,27 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 }
 
 // Close implements Store: it waits for the changes in flight, then closes
-// the file.
+// the file. A file found damaged, replaced or gone back to an older copy
+// while open is reported (ErrStoreCorrupt, ErrStoreWrite): what it
+// accepted may be lost.
 func (s *BoltStore) Close() error {
 	if s.closed.Swap(true) {
 		return ErrClosed
 	}
 	_ = s.w.Close()
-	return s.release()
-}
-
-// release closes the bbolt file. After bbolt panicked its locks may be
-// held, so DB.Close would block forever: then only the file is closed,
-// which releases the lock on it.
-func (s *BoltStore) release() error {
-	if s.broken.Load() {
-		return s.file.Close()
+	var rerr error
+	if !s.f.Broken() {
+		rerr = s.f.View(func(*bolt.Tx) error { return nil })
+		if rerr == nil {
+			rerr = s.f.StillNamed()
+		}
+	} else {
+		rerr = fmt.Errorf("%w: it was found damaged or replaced while open; responses stored since may be lost", ErrStoreCorrupt)
 	}
-	return s.db.Close()
+	if rerr != nil {
+		rerr = fmt.Errorf("idemserver: close store: %w", rerr)
+	}
+	return errors.Join(rerr, s.f.Release())
 }
 
 // record is a stored key: in flight while resp is nil.

@@ -89,6 +89,19 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 	emptied := filepath.Join(dir, "emptied.db")
 	require.NoError(t, os.WriteFile(emptied, nil, 0o600))
 
+	// A store of the earlier release, whose records carry no checksum.
+	earlier := filepath.Join(dir, "earlier.db")
+	db, err := bolt.Open(earlier, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		m, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		return m.Put([]byte("format"), []byte("idemserver-bolt-1"))
+	}))
+	require.NoError(t, db.Close())
+
 	locked := filepath.Join(dir, "locked.db")
 	holder, err := idemserver.OpenBoltStore(locked, nil)
 	require.NoError(t, err)
@@ -104,6 +117,7 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 		{"idem client journal", journal, idemserver.ErrStoreCorrupt},
 		{"truncated", truncated, idemserver.ErrStoreCorrupt},
 		{"emptied", emptied, idemserver.ErrStoreCorrupt},
+		{"earlier release", earlier, idemserver.ErrStoreCorrupt},
 		{"locked by another handle", locked, idemserver.ErrStoreLocked},
 		{"missing directory", filepath.Join(dir, "no", "such", "dir", "keys.db"), idemserver.ErrStoreWrite},
 	}
@@ -115,6 +129,9 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 			}
 			require.ErrorIs(t, err, tt.want)
 			assert.Contains(t, err.Error(), tt.path)
+			if tt.path == earlier {
+				assert.Contains(t, err.Error(), "earlier idemserver", "says what the file is and what to do")
+			}
 		})
 	}
 }

@@ -10,12 +10,19 @@
 //	client := idem.New(store, idem.WithHooks(col.Hooks()))
 //	mux.Handle("/debug/idem", idemstatus.Handler(store, col))
 //
+// The page lists the pending operations a page at a time with their total
+// ("Showing 1–100 of 10,000"), each with why it is pending and what the
+// operator can do. Give Handler WithResumePrepare when the application's
+// Client has an idem.WithResumePrepare hook, so operations journaled
+// without credentials are not marked as needing them.
+//
 // Nothing listens on a port of its own, and the page shows no request
 // header values or bodies: mount it where only operators can reach it,
 // since it does show operation names and URLs (without their query).
 package idemstatus
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -38,9 +45,12 @@ type Collector struct {
 	inDoubt  int64
 	resumed  int64
 	expired  int64
-	recent   []Event // a ring of the last len(recent) events
-	next     int     // where the next event goes in recent
-	full     bool    // recent has wrapped
+	resent   int64             // requests net/http wrote again on its own
+	journal  map[string]int64  // failed journal writes by write
+	live     map[string]LiveOp // by key: operations between their first attempt and their end
+	recent   []Event           // a ring of the last len(recent) events
+	next     int               // where the next event goes in recent
+	full     bool              // recent has wrapped
 	now      func() time.Time
 }
 
@@ -54,6 +64,8 @@ func NewCollector(recent int) *Collector {
 		attempts: make(map[string]int64),
 		retries:  make(map[string]int64),
 		settled:  make(map[idem.State]int64),
+		journal:  make(map[string]int64),
+		live:     make(map[string]LiveOp),
 		recent:   make([]Event, max(recent, 0)),
 		now:      time.Now,
 	}
@@ -74,7 +86,7 @@ type Event struct {
 	State string `json:"state"`
 	// Attempts counts the requests this call wrote under the key.
 	Attempts int `json:"attempts"`
-	// Status is the last HTTP status (Resumed only), or 0.
+	// Status is the last HTTP status the operation got, or 0.
 	Status int `json:"status,omitempty"`
 	// Err is the error's text (InDoubt and Resumed), or "".
 	Err string `json:"error,omitempty"`
@@ -96,6 +108,37 @@ type Counts struct {
 	Resumed int64 `json:"resumed"`
 	// Expired counts operations given up past the resend window.
 	Expired int64 `json:"expired"`
+	// Resent counts the requests net/http wrote again on its own after a
+	// reused connection closed (idem.ErrTransportResent); they are among
+	// Attempts, not Retries.
+	Resent int64 `json:"resent_by_transport"`
+	// JournalErrors counts failed journal writes by write ("reserve",
+	// "attempt", "finish", "lease").
+	JournalErrors map[string]int64 `json:"journal_errors,omitempty"`
+}
+
+// LiveOp is what a Collector saw of an operation that has not ended yet:
+// the journal records attempts only when the call retries or ends, so the
+// page takes an in-flight operation's attempts and last status from here.
+type LiveOp struct {
+	// Attempts counts every request written under the key: earlier ones
+	// the journal counted and this call's.
+	Attempts int `json:"attempts"`
+	// Status is the last response's status, or 0; Reason idem's reading of
+	// the last outcome.
+	Status int    `json:"status,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// maxLive caps how many operations a Collector follows at once.
+const maxLive = 10_000
+
+// Live returns what c saw of the operation with key while it runs.
+func (c *Collector) Live(key string) (LiveOp, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.live[key]
+	return l, ok
 }
 
 // Total returns the sum of m's values.
@@ -113,8 +156,26 @@ func (c *Collector) Hooks() *idem.Hooks {
 	return &idem.Hooks{
 		AttemptDone: func(a idem.AttemptInfo) {
 			c.mu.Lock()
+			defer c.mu.Unlock()
 			c.attempts[reasonOf(a)]++
-			c.mu.Unlock()
+			if errors.Is(a.Err, idem.ErrTransportResent) {
+				c.resent++
+			}
+			if _, ok := c.live[a.Key]; !ok && len(c.live) >= maxLive {
+				// Operations that end unsent after an attempt (the
+				// connection failed every time) have no end event: start
+				// afresh rather than grow.
+				clear(c.live)
+			}
+			c.live[a.Key] = LiveOp{Attempts: a.Earlier + a.Attempt, Status: a.Status, Reason: a.Reason}
+		},
+		JournalError: func(e idem.JournalErrorInfo) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.journal[e.Write]++
+			if e.Write == idem.WriteFinish {
+				c.end(e.Key)
+			}
 		},
 		RetryScheduled: func(r idem.RetryInfo) {
 			c.mu.Lock()
@@ -125,27 +186,36 @@ func (c *Collector) Hooks() *idem.Hooks {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.settled[op.State]++
-			c.remember("settled", op, 0, nil)
+			c.remember("settled", op, c.end(op.Key), nil)
 		},
 		InDoubt: func(op idem.OperationInfo, err error) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.inDoubt++
-			c.remember("in doubt", op, 0, err)
+			c.remember("in doubt", op, c.end(op.Key), err)
 		},
 		Resumed: func(op idem.OperationInfo, status int, err error) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.resumed++
+			c.end(op.Key)
 			c.remember("resumed", op, status, err)
 		},
 		Expired: func(op idem.OperationInfo) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.expired++
-			c.remember("expired", op, 0, nil)
+			c.remember("expired", op, c.end(op.Key), nil)
 		},
 	}
+}
+
+// end forgets the live operation with key and returns its last status.
+// c.mu is held.
+func (c *Collector) end(key string) int {
+	l := c.live[key]
+	delete(c.live, key)
+	return l.Status
 }
 
 // reasonOf is an attempt's reason, never empty.
@@ -186,7 +256,13 @@ func (c *Collector) Counts() Counts {
 		Attempts: make(map[string]int64, len(c.attempts)),
 		Retries:  make(map[string]int64, len(c.retries)),
 		Settled:  make(map[string]int64, len(c.settled)),
-		InDoubt:  c.inDoubt, Resumed: c.resumed, Expired: c.expired,
+		InDoubt:  c.inDoubt, Resumed: c.resumed, Expired: c.expired, Resent: c.resent,
+	}
+	if len(c.journal) > 0 {
+		out.JournalErrors = make(map[string]int64, len(c.journal))
+		for k, v := range c.journal {
+			out.JournalErrors[k] = v
+		}
 	}
 	for k, v := range c.attempts {
 		out.Attempts[k] = v

@@ -3,8 +3,6 @@ package idemstatus
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"html/template"
 	"mime"
 	"net/http"
 	"strconv"
@@ -67,9 +65,29 @@ type Pending struct {
 	// Truncated reports that there were more than MaxWalk pending
 	// operations: the counts cover the first MaxWalk only.
 	Truncated bool `json:"truncated,omitempty"`
-	// Operations are the first pending operations, in key order.
+	// Operations are one page of the pending operations, in key order:
+	// the first ones after the key After ("" for the first page).
 	Operations []Op `json:"operations"`
+	// After is the page's cursor (?after=), Before how many pending
+	// operations come before the page, More whether more come after it,
+	// and Next the cursor of the next page ("" when none).
+	After  string `json:"after,omitempty"`
+	Before int    `json:"before"`
+	More   bool   `json:"more,omitempty"`
+	Next   string `json:"next,omitempty"`
 }
+
+// From and To number the page's first and last operation, from 1 (both 0
+// for an empty page).
+func (p *Pending) From() int {
+	if len(p.Operations) == 0 {
+		return 0
+	}
+	return p.Before + 1
+}
+
+// To numbers the page's last operation (see From).
+func (p *Pending) To() int { return p.Before + len(p.Operations) }
 
 // Op is a pending operation as the page shows it: no header values, no
 // body, no URL query.
@@ -80,9 +98,11 @@ type Op struct {
 	URL        string    `json:"url,omitempty"`
 	Created    time.Time `json:"created"`
 	AgeSeconds float64   `json:"age_seconds"`
-	Attempts   int       `json:"attempts"`
-	LastStatus int       `json:"last_status,omitempty"`
-	LastError  string    `json:"last_error,omitempty"`
+	// Attempts counts the requests written under the key; for an
+	// operation in flight the Collector's count when it has a newer one.
+	Attempts   int    `json:"attempts"`
+	LastStatus int    `json:"last_status,omitempty"`
+	LastError  string `json:"last_error,omitempty"`
 	// InFlight reports a live lease: a call or Resume is sending it.
 	InFlight   bool      `json:"in_flight"`
 	Owner      string    `json:"owner,omitempty"`
@@ -94,22 +114,47 @@ type Op struct {
 	// Unreadable reports a record the journal could not read; LastError
 	// says why.
 	Unreadable bool `json:"unreadable,omitempty"`
+	// NeedsCredentials reports that a resend needs credentials the
+	// application does not add back (Redacted, and the handler was not
+	// told WithResumePrepare).
+	NeedsCredentials bool `json:"needs_credentials,omitempty"`
+	// Why says in words why the operation is pending, and Do what the
+	// operator can do about it.
+	Why string `json:"why"`
+	Do  string `json:"do"`
 }
+
+// Option configures a Handler.
+type Option func(*handler)
+
+// WithResumePrepare tells the handler that the application resends
+// credentials itself (its Client has an idem.WithResumePrepare hook), so
+// operations journaled without them are resumable by the application and
+// are not marked "needs credentials".
+func WithResumePrepare() Option { return func(h *handler) { h.credentials = true } }
 
 // Handler returns a handler that shows the pending operations of j and the
 // counters and recent operations of c; either may be nil. It answers GET
 // and HEAD with an HTML page, or with JSON (Status) when the request has
 // ?format=json or accepts application/json but not text/html. ?limit=N
 // sets how many pending operations are listed (DefaultLimit, at most
-// MaxLimit).
-func Handler(j Journal, c *Collector) http.Handler {
-	return &handler{j: j, c: c, now: time.Now}
+// MaxLimit) and ?after=KEY where the page starts (the Next of the page
+// before); the page says which ones it shows of how many.
+func Handler(j Journal, c *Collector, opts ...Option) http.Handler {
+	h := &handler{j: j, c: c, now: time.Now}
+	for _, o := range opts {
+		if o != nil {
+			o(h)
+		}
+	}
+	return h
 }
 
 type handler struct {
-	j   Journal
-	c   *Collector
-	now func() time.Time
+	j           Journal
+	c           *Collector
+	now         func() time.Time
+	credentials bool
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -127,7 +172,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, MaxLimit)
 	}
-	st := h.status(r.Context(), limit)
+	st := h.status(r.Context(), r.URL.Query().Get("after"), limit)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if wantsJSON(r) {
@@ -138,7 +183,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	_ = page.Execute(w, st)
+	_ = page.Execute(w, pageData{Status: st, Limit: limit, MaxWalk: MaxWalk})
 }
 
 // wantsJSON reports whether r asks for JSON rather than HTML.
@@ -166,7 +211,7 @@ func wantsJSON(r *http.Request) bool {
 }
 
 // status reads the journal and the collector.
-func (h *handler) status(ctx context.Context, limit int) Status {
+func (h *handler) status(ctx context.Context, after string, limit int) Status {
 	now := h.now()
 	st := Status{Time: now}
 	if h.c != nil {
@@ -177,7 +222,17 @@ func (h *handler) status(ctx context.Context, limit int) Status {
 	if h.j == nil {
 		return st
 	}
-	p, err := readPending(ctx, h.j, now, limit)
+	p, err := readPending(ctx, h.j, now, after, limit)
+	for i := range p.Operations {
+		op := &p.Operations[i]
+		if l, ok := h.live(op.Key); ok && op.InFlight && l.Attempts > op.Attempts {
+			op.Attempts, op.LastStatus = l.Attempts, l.Status
+			if l.Status == 0 && l.Reason != "" {
+				op.LastError = l.Reason
+			}
+		}
+		advise(op, h.credentials)
+	}
 	st.Pending = p
 	if err != nil {
 		st.Error = err.Error()
@@ -185,113 +240,10 @@ func (h *handler) status(ctx context.Context, limit int) Status {
 	return st
 }
 
-// readPending walks up to MaxWalk pending operations of j, counting them
-// and keeping the first limit.
-func readPending(ctx context.Context, j Journal, now time.Time, limit int) (*Pending, error) {
-	p := &Pending{Operations: []Op{}}
-	var (
-		errs   []error
-		oldest time.Time
-	)
-	for after, seen := "", 0; ; {
-		page, err := j.Pending(ctx, after, walkPage)
-		if err != nil {
-			errs = append(errs, err)
-			if len(page) == 0 {
-				break
-			}
-		}
-		if len(page) == 0 {
-			break
-		}
-		for _, rec := range page {
-			if seen == MaxWalk {
-				p.Truncated = true
-				break
-			}
-			seen++
-			op := view(rec, now)
-			p.Count++
-			switch {
-			case op.Unreadable:
-				p.Unreadable++
-			case op.InFlight:
-				p.InFlight++
-			default:
-				p.InDoubt++
-				if oldest.IsZero() || rec.Created.Before(oldest) {
-					oldest = rec.Created
-				}
-			}
-			if len(p.Operations) < limit {
-				p.Operations = append(p.Operations, op)
-			}
-		}
-		if p.Truncated || len(page) < walkPage {
-			break
-		}
-		after = page[len(page)-1].Key
+// live returns what the Collector saw of the operation with key.
+func (h *handler) live(key string) (LiveOp, bool) {
+	if h.c == nil {
+		return LiveOp{}, false
 	}
-	if !oldest.IsZero() {
-		p.OldestInDoubt = &oldest
-		p.OldestInDoubtAge = max(now.Sub(oldest), 0).Seconds()
-	}
-	return p, errors.Join(errs...)
+	return h.c.Live(key)
 }
-
-// view is how the page shows rec.
-func view(rec idem.Operation, now time.Time) Op {
-	return Op{
-		Key: rec.Key, Name: rec.Name, Method: rec.Method, URL: withoutQuery(rec.URL),
-		Created: rec.Created, AgeSeconds: max(now.Sub(rec.Created), 0).Seconds(),
-		Attempts: rec.Attempts, LastStatus: rec.LastStatus, LastError: rec.LastError,
-		InFlight: rec.State == idem.StatePending && rec.Owner != "" && rec.LeaseUntil.After(now),
-		Owner:    rec.Owner, LeaseUntil: rec.LeaseUntil,
-		Redacted: rec.Redacted, Unreplayable: rec.Unreplayable,
-		Unreadable: rec.State == 0,
-	}
-}
-
-var page = template.Must(template.New("idem").Funcs(template.FuncMap{
-	"age": func(seconds float64) string {
-		return (time.Duration(seconds * float64(time.Second))).Round(time.Second).String()
-	},
-	"total": Total,
-	"ts":    func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-}).Parse(`<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>idem</title>
-<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;font-size:90%}th{background:#eee}.bad{color:#a00}</style>
-</head><body>
-<h1>idem</h1>
-<p>As of {{ts .Time}}. <a href="?format=json">JSON</a></p>
-{{with .Error}}<p class="bad">Journal: {{.}}</p>{{end}}
-{{with .Pending}}
-<h2>Pending: {{.Count}}{{if .Truncated}}+{{end}}</h2>
-<p>{{.InFlight}} in flight, {{.InDoubt}} in doubt{{if .Unreadable}}, <span class="bad">{{.Unreadable}} unreadable</span>{{end}}.{{if .OldestInDoubt}} Oldest in doubt: {{age .OldestInDoubtAge}} old (created {{ts .OldestInDoubt}}).{{end}}</p>
-{{if .Operations}}<table id="pending">
-<tr><th>key</th><th>name</th><th>method</th><th>url</th><th>age</th><th>attempts</th><th>last</th><th>status</th></tr>
-{{range .Operations}}<tr><td>{{.Key}}</td><td>{{.Name}}</td><td>{{.Method}}</td><td>{{.URL}}</td><td>{{age .AgeSeconds}}</td><td>{{.Attempts}}</td><td>{{if .LastStatus}}{{.LastStatus}} {{end}}{{.LastError}}</td><td>{{if .Unreadable}}<span class="bad">unreadable</span>{{else if .InFlight}}in flight ({{.Owner}}){{else}}in doubt{{end}}{{if .Redacted}}, needs credentials{{end}}{{if .Unreplayable}}, body not journaled{{end}}</td></tr>
-{{end}}</table>{{end}}
-{{end}}
-{{with .Counts}}
-<h2>Counters</h2>
-<table id="counters">
-<tr><th>attempts</th><td>{{total .Attempts}}</td></tr>
-<tr><th>retries</th><td>{{total .Retries}}</td></tr>
-<tr><th>settled</th><td>{{total .Settled}}</td></tr>
-<tr><th>in doubt</th><td>{{.InDoubt}}</td></tr>
-<tr><th>resumed</th><td>{{.Resumed}}</td></tr>
-<tr><th>expired</th><td>{{.Expired}}</td></tr>
-</table>
-<table id="reasons"><tr><th>attempt outcome</th><th>attempts</th><th>retries</th></tr>
-{{$r := .Retries}}{{range $reason, $n := .Attempts}}<tr><td>{{$reason}}</td><td>{{$n}}</td><td>{{index $r $reason}}</td></tr>
-{{end}}</table>
-{{end}}
-{{if .Recent}}
-<h2>Recent</h2>
-<table id="recent"><tr><th>time</th><th>event</th><th>key</th><th>name</th><th>method</th><th>url</th><th>state</th><th>attempts</th><th>status / error</th></tr>
-{{range .Recent}}<tr><td>{{ts .Time}}</td><td>{{.Kind}}</td><td>{{.Key}}</td><td>{{.Name}}</td><td>{{.Method}}</td><td>{{.URL}}</td><td>{{.State}}</td><td>{{.Attempts}}</td><td>{{if .Status}}{{.Status}} {{end}}{{.Err}}</td></tr>
-{{end}}</table>
-{{end}}
-</body></html>
-`))

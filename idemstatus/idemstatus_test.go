@@ -132,13 +132,13 @@ func TestCollectorCountsResumeAndExpiry(t *testing.T) {
 	old := time.Now().Add(-24 * time.Hour)
 	_, _, err := store.Reserve(context.Background(), idem.Operation{
 		Key: "0190a0b0-0000-7000-8000-000000000001", Name: "old", Method: http.MethodPost, URL: srv.URL + "/ok",
-		Created: old, Body: []byte(`{}`),
+		State: idem.StatePending, Created: old, Updated: old, Body: []byte(`{}`),
 	})
 	require.NoError(t, err)
 	// A recent one that Resume sends again.
 	_, _, err = store.Reserve(context.Background(), idem.Operation{
 		Key: "0190a0b0-0000-7000-8000-000000000002", Name: "recent", Method: http.MethodPost, URL: srv.URL + "/ok",
-		Body: []byte(`{}`),
+		State: idem.StatePending, Created: time.Now(), Updated: time.Now(), Body: []byte(`{}`),
 	})
 	require.NoError(t, err)
 	c := idem.New(store, idem.WithHooks(col.Hooks()))

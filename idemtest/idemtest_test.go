@@ -6,13 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/idemgo/idem/idemtest"
@@ -61,8 +62,7 @@ func newClient(t *testing.T) *http.Client {
 func send(t *testing.T, c *http.Client, method, url, key, body string) result {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Errorf("new request: %v", err)
+	if !assert.NoError(t, err, "new request") {
 		return result{err: err}
 	}
 	if key != "" {
@@ -89,15 +89,15 @@ type problemDoc struct {
 // type given.
 func requireProblem(t *testing.T, res result, status int, typ string) {
 	t.Helper()
-	mustNoError(t, res.err)
-	mustEqual(t, res.status, status, "body: %s", res.body)
-	equal(t, res.header.Get("Content-Type"), "application/problem+json")
+	require.NoError(t, res.err)
+	require.Equal(t, status, res.status, "body: %s", res.body)
+	assert.Equal(t, "application/problem+json", res.header.Get("Content-Type"))
 	var p problemDoc
-	mustNoError(t, json.Unmarshal([]byte(res.body), &p))
-	equal(t, p.Type, typ)
-	equal(t, p.Status, status)
-	isTrue(t, p.Title != "", "p.Title is empty")
-	isTrue(t, p.Detail != "", "p.Detail is empty")
+	require.NoError(t, json.Unmarshal([]byte(res.body), &p))
+	assert.Equal(t, typ, p.Type)
+	assert.Equal(t, status, p.Status)
+	assert.NotEmpty(t, p.Title, "problem title")
+	assert.NotEmpty(t, p.Detail, "problem detail")
 }
 
 func TestReplay(t *testing.T) {
@@ -106,29 +106,29 @@ func TestReplay(t *testing.T) {
 	c := newClient(t)
 
 	first := send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`)
-	mustNoError(t, first.err)
-	mustEqual(t, first.status, http.StatusCreated)
-	equal(t, first.replayed(), false, "first answer replayed")
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusCreated, first.status)
+	assert.False(t, first.replayed(), "first answer replayed")
 
 	for i := range 2 {
 		again := send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`)
-		mustNoError(t, again.err)
-		equal(t, again.status, first.status, "replay %d", i)
-		equal(t, again.body, first.body, "replay %d", i)
-		equal(t, again.header.Get("X-Charge-Id"), first.header.Get("X-Charge-Id"), "replay %d", i)
-		equal(t, again.header.Get("Content-Type"), "application/json", "replay %d", i)
-		equal(t, again.replayed(), true, "replay %d replayed", i)
+		require.NoError(t, again.err)
+		assert.Equal(t, first.status, again.status, "replay %d", i)
+		assert.Equal(t, first.body, again.body, "replay %d", i)
+		assert.Equal(t, first.header.Get("X-Charge-Id"), again.header.Get("X-Charge-Id"), "replay %d", i)
+		assert.Equal(t, "application/json", again.header.Get("Content-Type"), "replay %d", i)
+		assert.True(t, again.replayed(), "replay %d replayed", i)
 	}
 
 	st := srv.Stats()
-	equal(t, st.Runs, 1)
-	equal(t, st.RunsByKey, map[string]int{"k1": 1})
-	equal(t, st.AttemptsByKey, map[string]int{"k1": 3})
-	equal(t, st.RunsByPayload, map[string]int{idemtest.Fingerprint("POST", "/charges", []byte(`{"amount":100}`)): 1})
-	equal(t, st.Requests, 3)
-	equal(t, st.Replays, 2)
-	equal(t, st.DuplicateKeys(), 0)
-	equal(t, st.DuplicatePayloads(), 0)
+	assert.Equal(t, 1, st.Runs)
+	assert.Equal(t, map[string]int{"k1": 1}, st.RunsByKey)
+	assert.Equal(t, map[string]int{"k1": 3}, st.AttemptsByKey)
+	assert.Equal(t, map[string]int{idemtest.Fingerprint("POST", "/charges", []byte(`{"amount":100}`)): 1}, st.RunsByPayload)
+	assert.Equal(t, 3, st.Requests)
+	assert.Equal(t, 2, st.Replays)
+	assert.Zero(t, st.DuplicateKeys())
+	assert.Zero(t, st.DuplicatePayloads())
 }
 
 func TestKeyScope(t *testing.T) {
@@ -160,10 +160,10 @@ func TestKeyScope(t *testing.T) {
 			c := newClient(t)
 			do := func(method, path, key string) result {
 				req, err := http.NewRequest(method, srv.URL+path, strings.NewReader("{}"))
-				mustNoError(t, err)
+				require.NoError(t, err)
 				req.Header.Set(header, key)
 				resp, err := c.Do(req)
-				mustNoError(t, err)
+				require.NoError(t, err)
 				defer resp.Body.Close()
 				io.Copy(io.Discard, resp.Body)
 				return result{status: resp.StatusCode, header: resp.Header}
@@ -171,14 +171,14 @@ func TestKeyScope(t *testing.T) {
 
 			first := do("POST", "/a", "k")
 			second := do(tt.method, tt.path, tt.key)
-			mustEqual(t, first.status, http.StatusCreated)
-			mustEqual(t, second.status, http.StatusCreated)
-			equal(t, second.replayed(), tt.wantReplay)
+			require.Equal(t, http.StatusCreated, first.status)
+			require.Equal(t, http.StatusCreated, second.status)
+			assert.Equal(t, tt.wantReplay, second.replayed())
 			wantRuns := 2
 			if tt.wantReplay {
 				wantRuns = 1
 			}
-			equal(t, srv.Stats().Runs, wantRuns)
+			assert.Equal(t, wantRuns, srv.Stats().Runs)
 		})
 	}
 }
@@ -188,18 +188,18 @@ func TestPayloadMismatch(t *testing.T) {
 	defer srv.Close()
 	c := newClient(t)
 
-	mustEqual(t, send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`).status, http.StatusCreated)
+	require.Equal(t, http.StatusCreated, send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`).status)
 	requireProblem(t, send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":999}`),
 		http.StatusUnprocessableEntity, idemtest.ProblemKeyMismatch)
 	requireProblem(t, send(t, c, "POST", srv.URL+"/charges?currency=eur", "k1", `{"amount":100}`),
 		http.StatusUnprocessableEntity, idemtest.ProblemKeyMismatch)
 	// The original payload is still replayed.
-	equal(t, send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`).replayed(), true, "replayed")
+	assert.True(t, send(t, c, "POST", srv.URL+"/charges", "k1", `{"amount":100}`).replayed(), "replayed")
 
 	st := srv.Stats()
-	equal(t, st.Runs, 1)
-	equal(t, st.Mismatches, 2)
-	equal(t, st.Replays, 1)
+	assert.Equal(t, 1, st.Runs)
+	assert.Equal(t, 2, st.Mismatches)
+	assert.Equal(t, 1, st.Replays)
 }
 
 func TestConcurrentSameKey(t *testing.T) {
@@ -240,24 +240,24 @@ func TestConcurrentSameKey(t *testing.T) {
 
 			busy := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
 			requireProblem(t, busy, http.StatusConflict, idemtest.ProblemInProgress)
-			equal(t, busy.header.Get("Retry-After"), tt.wantRetryAfter)
+			assert.Equal(t, tt.wantRetryAfter, busy.header.Get("Retry-After"))
 			// A different payload is a mismatch even while the first runs.
 			requireProblem(t, send(t, c, "POST", srv.URL+"/charges", "k1", "b"),
 				http.StatusUnprocessableEntity, idemtest.ProblemKeyMismatch)
 
 			unblock()
 			first := <-firstc
-			mustNoError(t, first.err)
-			equal(t, first.status, http.StatusCreated)
+			require.NoError(t, first.err)
+			assert.Equal(t, http.StatusCreated, first.status)
 
 			after := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			equal(t, after.replayed(), true, "replayed")
-			equal(t, after.body, first.body)
+			assert.True(t, after.replayed(), "replayed")
+			assert.Equal(t, first.body, after.body)
 
 			st := srv.Stats()
-			equal(t, st.Runs, 1)
-			equal(t, st.Conflicts, 1)
-			equal(t, st.Faults[idemtest.InProgress], 0, "a real conflict counted as a fault")
+			assert.Equal(t, 1, st.Runs)
+			assert.Equal(t, 1, st.Conflicts)
+			assert.Zero(t, st.Faults[idemtest.InProgress], "a real conflict counted as a fault")
 		})
 	}
 }
@@ -292,20 +292,20 @@ func TestServerErrorsNotStored(t *testing.T) {
 			c := newClient(t)
 
 			first := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			mustEqual(t, first.status, tt.status)
+			require.Equal(t, tt.status, first.status)
 			retry := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			mustNoError(t, retry.err)
+			require.NoError(t, retry.err)
 			if tt.stored {
-				equal(t, retry.status, tt.status)
-				equal(t, retry.body, "first")
-				equal(t, retry.replayed(), true, "replayed")
-				equal(t, srv.Stats().RunsByKey["k1"], 1)
+				assert.Equal(t, tt.status, retry.status)
+				assert.Equal(t, "first", retry.body)
+				assert.True(t, retry.replayed(), "replayed")
+				assert.Equal(t, 1, srv.Stats().RunsByKey["k1"])
 			} else {
-				equal(t, retry.status, http.StatusCreated)
-				equal(t, retry.body, "second")
-				equal(t, retry.replayed(), false, "replayed")
-				equal(t, srv.Stats().RunsByKey["k1"], 2)
-				equal(t, srv.Stats().DuplicateKeys(), 1)
+				assert.Equal(t, http.StatusCreated, retry.status)
+				assert.Equal(t, "second", retry.body)
+				assert.False(t, retry.replayed(), "replayed")
+				assert.Equal(t, 2, srv.Stats().RunsByKey["k1"])
+				assert.Equal(t, 1, srv.Stats().DuplicateKeys())
 			}
 		})
 	}
@@ -323,10 +323,10 @@ func TestHandlerPanicFreesKey(t *testing.T) {
 	defer srv.Close()
 	c := newClient(t)
 
-	isError(t, send(t, c, "POST", srv.URL+"/charges", "k1", "a").err)
+	assert.Error(t, send(t, c, "POST", srv.URL+"/charges", "k1", "a").err)
 	retry := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-	mustNoError(t, retry.err)
-	equal(t, retry.status, http.StatusCreated, "key still held after the handler panicked")
+	require.NoError(t, retry.err)
+	assert.Equal(t, http.StatusCreated, retry.status, "key still held after the handler panicked")
 }
 
 func TestRequireKey(t *testing.T) {
@@ -358,22 +358,22 @@ func TestRequireKey(t *testing.T) {
 				if tt.want == http.StatusBadRequest {
 					requireProblem(t, res, tt.want, idemtest.ProblemMissingKey)
 				} else {
-					mustNoError(t, res.err)
-					equal(t, res.status, tt.want)
-					equal(t, res.replayed(), false, "replayed")
+					require.NoError(t, res.err)
+					assert.Equal(t, tt.want, res.status)
+					assert.False(t, res.replayed(), "replayed")
 				}
 			}
 			st := srv.Stats()
 			if tt.want == http.StatusBadRequest {
-				equal(t, st.MissingKeys, 2)
-				equal(t, st.Runs, 0)
+				assert.Equal(t, 2, st.MissingKeys)
+				assert.Zero(t, st.Runs)
 			} else {
-				equal(t, st.Runs, 2)
-				equal(t, st.RunsByKey, map[string]int{"": 2})
-				equal(t, st.DuplicateKeys(), 0, "requests without a key counted as a duplicate key")
-				equal(t, st.DuplicatePayloads(), 1)
+				assert.Equal(t, 2, st.Runs)
+				assert.Equal(t, map[string]int{"": 2}, st.RunsByKey)
+				assert.Zero(t, st.DuplicateKeys(), "requests without a key counted as a duplicate key")
+				assert.Equal(t, 1, st.DuplicatePayloads())
 			}
-			equal(t, st.AttemptsByKey, map[string]int{"": 2})
+			assert.Equal(t, map[string]int{"": 2}, st.AttemptsByKey)
 		})
 	}
 }
@@ -417,16 +417,16 @@ func TestRetention(t *testing.T) {
 			c := newClient(t)
 
 			first := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			mustEqual(t, first.status, http.StatusCreated)
+			require.Equal(t, http.StatusCreated, first.status)
 			clk.Advance(tt.advance)
 			again := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			mustEqual(t, again.status, http.StatusCreated)
-			equal(t, again.replayed(), tt.wantReplay)
+			require.Equal(t, http.StatusCreated, again.status)
+			assert.Equal(t, tt.wantReplay, again.replayed())
 			wantRuns := 2
 			if tt.wantReplay {
 				wantRuns = 1
 			}
-			equal(t, srv.Stats().RunsByKey["k1"], wantRuns)
+			assert.Equal(t, wantRuns, srv.Stats().RunsByKey["k1"])
 		})
 	}
 }
@@ -442,14 +442,15 @@ func TestRetentionSweep(t *testing.T) {
 		if i%50 == 0 {
 			clk.Advance(time.Hour)
 		}
-		mustEqual(t, send(t, c, "POST", srv.URL+"/charges", fmt.Sprint("k", i), "a").status, http.StatusCreated)
+		require.Equal(t, http.StatusCreated, send(t, c, "POST", srv.URL+"/charges", fmt.Sprint("k", i), "a").status)
 	}
 	// The last hour stored 50 keys; up to max(keys held, 64) more may wait
 	// for the next sweep.
 	st := srv.Stats()
-	isTrue(t, st.Keys >= 50 && st.Keys <= 50+64+1, "holding %d keys after 200 stores, want 50 to 115", st.Keys)
-	equal(t, send(t, c, "POST", srv.URL+"/charges", "k199", "a").replayed(), true, "replayed")
-	equal(t, send(t, c, "POST", srv.URL+"/charges", "k0", "a").replayed(), false, "replayed")
+	assert.GreaterOrEqual(t, st.Keys, 50, "keys held after 200 stores")
+	assert.LessOrEqual(t, st.Keys, 50+64+1, "keys held after 200 stores")
+	assert.True(t, send(t, c, "POST", srv.URL+"/charges", "k199", "a").replayed(), "replayed")
+	assert.False(t, send(t, c, "POST", srv.URL+"/charges", "k0", "a").replayed(), "replayed")
 }
 
 // script returns a WithScript function that injects faults[key][attempt-1]
@@ -491,26 +492,26 @@ func TestScriptedFaults(t *testing.T) {
 
 			first := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
 			if tt.wantErr {
-				mustError(t, first.err, "status %d", first.status)
+				require.Error(t, first.err, "status %d", first.status)
 			} else {
-				mustNoError(t, first.err)
-				equal(t, first.status, tt.wantStatus)
+				require.NoError(t, first.err)
+				assert.Equal(t, tt.wantStatus, first.status)
 				if tt.wantProblem != "" {
 					requireProblem(t, first, tt.wantStatus, tt.wantProblem)
 				}
-				equal(t, first.header.Get("Retry-After"), tt.wantRetryAfter)
+				assert.Equal(t, tt.wantRetryAfter, first.header.Get("Retry-After"))
 			}
-			equal(t, srv.Stats().Runs, tt.wantRuns, "runs after the faulty attempt")
+			assert.Equal(t, tt.wantRuns, srv.Stats().Runs, "runs after the faulty attempt")
 
 			retry := send(t, c, "POST", srv.URL+"/charges", "k1", "a")
-			mustNoError(t, retry.err)
-			equal(t, retry.status, http.StatusCreated)
-			equal(t, retry.replayed(), tt.wantReplay)
+			require.NoError(t, retry.err)
+			assert.Equal(t, http.StatusCreated, retry.status)
+			assert.Equal(t, tt.wantReplay, retry.replayed())
 
 			st := srv.Stats()
-			equal(t, st.Runs, 1, "the operation must run exactly once")
-			equal(t, st.Faults, map[idemtest.Fault]int{tt.fault: 1})
-			equal(t, st.AttemptsByKey, map[string]int{"k1": 2})
+			assert.Equal(t, 1, st.Runs, "the operation must run exactly once")
+			assert.Equal(t, map[idemtest.Fault]int{tt.fault: 1}, st.Faults)
+			assert.Equal(t, map[string]int{"k1": 2}, st.AttemptsByKey)
 		})
 	}
 }
@@ -536,16 +537,16 @@ func TestScriptPerAttempt(t *testing.T) {
 		k1 = append(k1, got(send(t, c, "POST", srv.URL+"/charges", "k1", "a")))
 		k2 = append(k2, got(send(t, c, "POST", srv.URL+"/charges", "k2", "b")))
 	}
-	equal(t, k1, []outcome{{err: true}, {status: 503}, {err: true}, {status: 409}, {status: 201, replayed: true}})
-	equal(t, k2, []outcome{{status: 201}, {status: 429}, {status: 201, replayed: true}, {status: 201, replayed: true}, {status: 201, replayed: true}})
+	assert.Equal(t, []outcome{{err: true}, {status: 503}, {err: true}, {status: 409}, {status: 201, replayed: true}}, k1)
+	assert.Equal(t, []outcome{{status: 201}, {status: 429}, {status: 201, replayed: true}, {status: 201, replayed: true}, {status: 201, replayed: true}}, k2)
 
 	st := srv.Stats()
-	equal(t, st.RunsByKey, map[string]int{"k1": 1, "k2": 1})
-	equal(t, st.Faults, map[idemtest.Fault]int{
+	assert.Equal(t, map[string]int{"k1": 1, "k2": 1}, st.RunsByKey)
+	assert.Equal(t, map[idemtest.Fault]int{
 		idemtest.DropBefore: 1, idemtest.Unavailable: 1, idemtest.DropAfter: 1,
 		idemtest.InProgress: 1, idemtest.TooManyRequests: 1,
-	})
-	equal(t, st.Replays, 4)
+	}, st.Faults)
+	assert.Equal(t, 4, st.Replays)
 }
 
 func TestFaultRatesReproducible(t *testing.T) {
@@ -581,22 +582,22 @@ func TestFaultRatesReproducible(t *testing.T) {
 	a, sa := run(t, 42, false)
 	b, sb := run(t, 42, true)
 	other, so := run(t, 43, false)
-	equal(t, b, a, "same seed, other order: different faults")
-	equal(t, sb.Faults, sa.Faults)
-	equal(t, sb.RunsByKey, sa.RunsByKey)
-	notEqual(t, sa.Faults, so.Faults, "another seed gave the same faults")
-	notEqual(t, a, other)
+	assert.Equal(t, a, b, "same seed, other order: different faults")
+	assert.Equal(t, sa.Faults, sb.Faults)
+	assert.Equal(t, sa.RunsByKey, sb.RunsByKey)
+	assert.NotEqual(t, so.Faults, sa.Faults, "another seed gave the same faults")
+	assert.NotEqual(t, other, a)
 
 	total := 0
 	for f, n := range sa.Faults {
-		notEqual(t, idemtest.NoFault, f)
+		assert.NotEqual(t, f, idemtest.NoFault)
 		total += n
 	}
 	// 60 requests at 60%: a fixed seed gives a fixed count, so only check
 	// that faults happened at a plausible rate and every kind showed up.
-	equal(t, len(sa.Faults), 6, "some fault kind never drawn: %v", sa.Faults)
-	isTrue(t, total >= 36-15 && total <= 36+15, "total = %d, want %d ± %d", total, 36, 15)
-	equal(t, sa.DuplicateKeys(), 0)
+	assert.Len(t, sa.Faults, 6, "some fault kind never drawn: %v", sa.Faults)
+	assert.InDelta(t, 36, total, 15, "faults in total")
+	assert.Zero(t, sa.DuplicateKeys())
 }
 
 func TestScriptOverridesRates(t *testing.T) {
@@ -605,8 +606,8 @@ func TestScriptOverridesRates(t *testing.T) {
 		idemtest.WithScript(script(map[string][]idemtest.Fault{"k1": {idemtest.TooManyRequests}})))
 	defer srv.Close()
 	c := newClient(t)
-	equal(t, send(t, c, "POST", srv.URL+"/x", "k1", "a").status, http.StatusTooManyRequests)
-	equal(t, send(t, c, "POST", srv.URL+"/x", "k1", "a").status, http.StatusServiceUnavailable)
+	assert.Equal(t, http.StatusTooManyRequests, send(t, c, "POST", srv.URL+"/x", "k1", "a").status)
+	assert.Equal(t, http.StatusServiceUnavailable, send(t, c, "POST", srv.URL+"/x", "k1", "a").status)
 }
 
 func TestInvalidFaultRates(t *testing.T) {
@@ -620,7 +621,7 @@ func TestInvalidFaultRates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			panics(t, func() { idemtest.NewServer(&charger{}, idemtest.WithFaultRates(tt.rates)).Close() })
+			assert.Panics(t, func() { idemtest.NewServer(&charger{}, idemtest.WithFaultRates(tt.rates)).Close() })
 		})
 	}
 }
@@ -638,8 +639,8 @@ func TestCloseWakesDelayedRequest(t *testing.T) {
 	go func() { resc <- send(t, c, "POST", srv.URL+"/charges", "k1", "a") }()
 	<-arrived
 	srv.Close() // would block for an hour if the delay were not woken
-	isError(t, (<-resc).err)
-	equal(t, srv.Stats().Runs, 0)
+	assert.Error(t, (<-resc).err)
+	assert.Zero(t, srv.Stats().Runs)
 }
 
 func TestBodyTooLarge(t *testing.T) {
@@ -647,7 +648,7 @@ func TestBodyTooLarge(t *testing.T) {
 	defer srv.Close()
 	res := send(t, newClient(t), "POST", srv.URL+"/charges", "k1", strings.Repeat("x", idemtest.MaxBodyBytes+1))
 	requireProblem(t, res, http.StatusRequestEntityTooLarge, idemtest.ProblemBodyTooLarge)
-	equal(t, srv.Stats().Runs, 0)
+	assert.Zero(t, srv.Stats().Runs)
 }
 
 func TestConcurrentKeys(t *testing.T) {
@@ -688,84 +689,13 @@ func TestConcurrentKeys(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	mustEqual(t, failed.Load(), 0, "operations that never succeeded")
+	require.Zero(t, failed.Load(), "operations that never succeeded")
 	st := srv.Stats()
-	equal(t, st.Runs, keys)
-	equal(t, len(st.RunsByKey), keys)
-	equal(t, st.DuplicateKeys(), 0)
-	equal(t, st.DuplicatePayloads(), 0)
-	isTrue(t, st.Requests > keys, "st.Requests = %d, want more than %d", st.Requests, keys)
-}
-
-// The helpers below report failures got-versus-want; the must forms stop
-// the test.
-
-func msgOf(msg []any) string {
-	if len(msg) == 0 {
-		return ""
-	}
-	return fmt.Sprintf(msg[0].(string), msg[1:]...) + ": "
-}
-
-func equal[T any](t *testing.T, got, want T, msg ...any) bool {
-	t.Helper()
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("%sgot %v, want %v", msgOf(msg), got, want)
-		return false
-	}
-	return true
-}
-
-func mustEqual[T any](t *testing.T, got, want T, msg ...any) {
-	t.Helper()
-	if !equal(t, got, want, msg...) {
-		t.FailNow()
-	}
-}
-
-func notEqual[T any](t *testing.T, got, other T, msg ...any) {
-	t.Helper()
-	if reflect.DeepEqual(got, other) {
-		t.Errorf("%sgot %v, want anything else", msgOf(msg), got)
-	}
-}
-
-func isTrue(t *testing.T, cond bool, msg ...any) {
-	t.Helper()
-	if !cond {
-		t.Errorf("%scondition is false", msgOf(msg))
-	}
-}
-
-func mustNoError(t *testing.T, err error, msg ...any) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("%sunexpected error: %v", msgOf(msg), err)
-	}
-}
-
-func isError(t *testing.T, err error, msg ...any) {
-	t.Helper()
-	if err == nil {
-		t.Errorf("%sgot no error, want one", msgOf(msg))
-	}
-}
-
-func mustError(t *testing.T, err error, msg ...any) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("%sgot no error, want one", msgOf(msg))
-	}
-}
-
-func panics(t *testing.T, f func()) {
-	t.Helper()
-	defer func() {
-		if recover() == nil {
-			t.Errorf("did not panic")
-		}
-	}()
-	f()
+	assert.Equal(t, keys, st.Runs)
+	assert.Len(t, st.RunsByKey, keys)
+	assert.Zero(t, st.DuplicateKeys())
+	assert.Zero(t, st.DuplicatePayloads())
+	assert.Greater(t, st.Requests, keys, "requests: faults caused retries")
 }
 
 // BenchmarkRoundTrip compares a round trip through a Server with one

@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/chaoskit"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
 )
@@ -32,17 +32,9 @@ import (
 const chargePath = "/v1/charges"
 
 // charges is a provider's charge endpoint: it answers 201 with the order
-// it was given. Wrapped in idemtest.NewServer, which counts its runs.
-func charges(w http.ResponseWriter, r *http.Request) {
-	var in struct{ Order string }
-	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Order == "" {
-		http.Error(w, "bad order", http.StatusBadRequest)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"order":%q,"charge":"ch_%s"}`, in.Order, uuid.NewString())
-}
+// it was given and a fresh charge id. Wrapped in idemtest.NewServer, which
+// counts its runs.
+var charges = chaoskit.Orders
 
 func orderBody(order string) string { return fmt.Sprintf(`{"order":%q,"amount":4200}`, order) }
 
@@ -241,8 +233,10 @@ func TestResumeRespectsLeases(t *testing.T) {
 
 // TestUnreachableFailsClosed takes PostgreSQL away (a proxy in between
 // refuses connections and cuts the open ones): every payment fails with
-// ErrJournalWrite and nothing reaches the provider. When PostgreSQL is back
-// the payments go through.
+// ErrJournalWrite, or, for one whose statement went out on a connection
+// that was cut (the client cannot tell whether the server had it),
+// ErrOutcomeUnknown with the key it may have; nothing reaches the
+// provider. When PostgreSQL is back the payments go through.
 func TestUnreachableFailsClosed(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	p, viaProxy := newProxy(t, dsn)
@@ -262,6 +256,14 @@ func TestUnreachableFailsClosed(t *testing.T) {
 	for i := range 5 {
 		_, err := pay(ctx, c.HTTPClient(), srv.URL, fmt.Sprintf("during-%d", i))
 		require.Error(t, err)
+		var ie *idem.Error
+		require.ErrorAs(t, err, &ie)
+		if errors.Is(err, idem.ErrOutcomeUnknown) {
+			assert.NotEmpty(t, ie.Key, "an outcome-unknown error carries the key")
+			assert.Equal(t, idem.StatePending, ie.State)
+			assert.NotErrorIs(t, err, idem.ErrJournalWrite)
+			continue
+		}
 		assert.ErrorIs(t, err, idem.ErrJournalWrite)
 	}
 	assert.Equal(t, 1, srv.Stats().Requests, "requests that reached the provider")
@@ -274,7 +276,9 @@ func TestUnreachableFailsClosed(t *testing.T) {
 		if _, last = pay(ctx, c.HTTPClient(), srv.URL, "after"); last == nil {
 			break
 		}
-		require.ErrorIs(t, last, idem.ErrJournalWrite)
+		if !errors.Is(last, idem.ErrOutcomeUnknown) {
+			require.ErrorIs(t, last, idem.ErrJournalWrite)
+		}
 	}
 	require.NoError(t, last, "payment after PostgreSQL came back")
 	st := srv.Stats()

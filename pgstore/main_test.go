@@ -7,6 +7,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemgo/idem/internal/crashtest"
+	"github.com/idemgo/idem/pgstore/internal/pgtest"
 )
 
 // TestMain runs a fleet replica when this binary was started as one (see
@@ -16,5 +17,6 @@ func TestMain(m *testing.M) {
 	if crashtest.Mode() == modeFleet {
 		os.Exit(fleetChild())
 	}
+	pgtest.Announce("pgstore")
 	goleak.VerifyTestMain(m)
 }

@@ -90,7 +90,7 @@ var stainlessSDKs = []stainlessSDK{
 
 func openaiParams() openai.ChatCompletionNewParams {
 	return openai.ChatCompletionNewParams{
-		Model:    openai.ChatModelGPT4o,
+		Model:    openai.ChatModel("gpt-4.1"),
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello")},
 	}
 }

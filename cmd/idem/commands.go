@@ -4,14 +4,14 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemgo/idem"
@@ -65,9 +65,9 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	}
 	switch {
 	case op.State == 0:
-		v.Resend = "unreadable"
+		v.State, v.Resend = "unreadable", "unreadable"
 	case op.State != idem.StatePending:
-	case op.Created.Before(c.now.Add(-idem.DefaultResendWindow)):
+	case op.Created.Before(c.now.Add(-c.policy.ResendWindow)):
 		v.Resend = "past resend window"
 	case op.Unreplayable:
 		v.Resend = "body not journaled"
@@ -91,16 +91,21 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	return v
 }
 
-// age formats a duration in seconds for a table.
+// age formats a duration in seconds for a table, rounded to its two
+// largest units: 42s, 16m, 2h3m, 3d4h.
 func age(seconds float64) string {
 	d := time.Duration(seconds * float64(time.Second))
 	switch {
 	case d >= 48*time.Hour:
+		d = d.Round(time.Hour)
 		return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+	case d >= time.Hour:
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%dh%dm", d/time.Hour, d%time.Hour/time.Minute)
 	case d >= time.Minute:
-		return d.Round(time.Minute).String()
+		return fmt.Sprintf("%dm", d.Round(time.Minute)/time.Minute)
 	}
-	return d.Round(time.Second).String()
+	return fmt.Sprintf("%ds", d.Round(time.Second)/time.Second)
 }
 
 // last is an operation's last outcome for a table.
@@ -120,6 +125,31 @@ func last(v opView) string {
 		return "-"
 	}
 	return strings.Join(parts, " ")
+}
+
+// cell returns s as a table shows it: as it is if it is plain printable
+// text, else quoted in Go syntax, so that a name or URL built from user
+// input cannot add rows, columns or terminal escape sequences to a table.
+// --json output is not quoted: JSON escapes what it must.
+func cell(s string) string {
+	for _, r := range s {
+		if r == ' ' || r == '"' || r == '\\' || !unicode.IsGraphic(r) || r == utf8.RuneError {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// cellIf is cell for a value shown on its own: spaces alone do not make
+// it quoted.
+func cellIf(s string) string {
+	if s == "" {
+		return ""
+	}
+	if q := cell(strings.ReplaceAll(s, " ", "_")); q != strings.ReplaceAll(s, " ", "_") {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func dash(s string) string {
@@ -149,7 +179,7 @@ type listing struct {
 // operation for ls (all). A failure to read some records is reported in
 // the listing, not as an error.
 func (c *cli) readListing(all bool) (l listing, err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return l, err
 	}
@@ -160,8 +190,11 @@ func (c *cli) readListing(all bool) (l listing, err error) {
 	)
 	if all {
 		ops, perr = allRecords(c.ctx, s)
+		for i := range ops {
+			ops[i].Header = nil // ls shows no request, as before
+		}
 	} else {
-		ops, perr = allPending(c.ctx, s)
+		ops, perr = salvagePending(c.ctx, s)
 	}
 	l.Operations = make([]opView, 0, len(ops))
 	for _, op := range ops {
@@ -193,7 +226,7 @@ func (c *cli) ls(_ []string) error {
 		}
 	}
 	return c.printListing(l, "KEY\tNAME\tSTATE\tMETHOD\tURL\tATTEMPTS\tAGE", func(v opView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s", v.Key, dash(v.Name), v.State, dash(v.Method), dash(v.URL), v.Attempts, age(v.AgeSeconds))
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s", cell(v.Key), cell(dash(v.Name)), v.State, cell(dash(v.Method)), cell(dash(v.URL)), v.Attempts, age(v.AgeSeconds))
 	}, fmt.Sprintf("%d operations, %d pending.", len(l.Operations), pending))
 }
 
@@ -204,7 +237,7 @@ func (c *cli) pending(_ []string) error {
 		return err
 	}
 	return c.printListing(l, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND", func(v opView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", v.Key, dash(v.Name), dash(v.Method), dash(v.URL), age(v.AgeSeconds), v.Attempts, last(v), v.Resend)
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(v.Key), cell(dash(v.Name)), cell(dash(v.Method)), cell(dash(v.URL)), age(v.AgeSeconds), v.Attempts, cell(last(v)), v.Resend)
 	}, fmt.Sprintf("%d pending (in doubt: no process holds the journal, so none is in flight).", len(l.Operations)))
 }
 
@@ -231,7 +264,7 @@ func (c *cli) printListing(l listing, header string, row func(opView) string, su
 
 // show prints one operation.
 func (c *cli) show(arg string, body bool) (err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return err
 	}
@@ -250,16 +283,16 @@ func (c *cli) show(arg string, body bool) (err error) {
 			fmt.Fprintf(tw, "%s\t%s\n", k, v)
 		}
 	}
-	row("key", v.Key)
-	row("name", v.Name)
+	row("key", cellIf(v.Key))
+	row("name", cellIf(v.Name))
 	row("state", v.State)
-	row("request", strings.TrimSpace(v.Method+" "+v.URL))
-	row("host", v.Host)
+	row("request", strings.TrimSpace(cellIf(v.Method)+" "+cellIf(v.URL)))
+	row("host", cellIf(v.Host))
 	row("attempts", fmt.Sprint(v.Attempts))
 	if v.LastStatus != 0 {
 		row("last status", fmt.Sprint(v.LastStatus))
 	}
-	row("last error", v.LastError)
+	row("last error", cellIf(v.LastError))
 	if !op.Created.IsZero() {
 		row("created", fmt.Sprintf("%s (%s ago)", op.Created.Format(time.RFC3339), age(v.AgeSeconds)))
 	}
@@ -269,17 +302,25 @@ func (c *cli) show(arg string, body bool) (err error) {
 	switch {
 	case v.Owner == "" || op.State != idem.StatePending:
 	case v.LeaseUntil.After(c.now):
-		row("lease", fmt.Sprintf("held by %s until %s", v.Owner, v.LeaseUntil.Format(time.RFC3339)))
+		row("lease", fmt.Sprintf("held by %s until %s", cell(v.Owner), v.LeaseUntil.Format(time.RFC3339)))
 	default:
-		row("lease", fmt.Sprintf("lapsed (last held by %s)", v.Owner))
+		row("lease", fmt.Sprintf("lapsed (last held by %s)", cell(v.Owner)))
 	}
 	row("fingerprint", v.Fingerprint)
 	row("resend", v.Resend)
 	if !body {
-		row("headers", strings.Join(v.HeaderNames, ", "))
+		names := make([]string, len(v.HeaderNames))
+		for i, k := range v.HeaderNames {
+			names[i] = cell(k)
+		}
+		row("headers", strings.Join(names, ", "))
 	} else {
 		for _, k := range v.HeaderNames {
-			row("header "+k, strings.Join(op.Header[k], ", "))
+			vals := make([]string, len(op.Header[k]))
+			for i, hv := range op.Header[k] {
+				vals[i] = cellIf(hv)
+			}
+			row("header "+cell(k), strings.Join(vals, ", "))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -297,87 +338,6 @@ func (c *cli) show(arg string, body bool) (err error) {
 	return nil
 }
 
-// resumeResult is one operation's outcome in resume's output.
-type resumeResult struct {
-	Key    string `json:"key"`
-	Name   string `json:"name,omitempty"`
-	State  string `json:"state"`
-	Status int    `json:"status,omitempty"`
-	Error  string `json:"error,omitempty"`
-	// Outcome is a word for the table: "sent", "needs credentials",
-	// "expired", "not resendable", "unreadable", "failed".
-	Outcome string `json:"outcome"`
-}
-
-// resume sends the pending operations again through a Client on the
-// journal. It has no credentials: operations that need them stay pending.
-func (c *cli) resume(concurrency int) error {
-	s, err := c.open()
-	if err != nil {
-		return err
-	}
-	client := idem.New(s, idem.WithResumeConcurrency(concurrency))
-	var (
-		mu      sync.Mutex
-		results = []resumeResult{}
-	)
-	rerr := client.Resume(c.ctx, func(op idem.Operation, resp *http.Response, err error) {
-		r := resumeResult{Key: op.Key, Name: op.Name, State: op.State.String()}
-		switch {
-		case resp != nil:
-			resp.Body.Close() // the caller "received" the answer: it settles
-			r.Status, r.Outcome = resp.StatusCode, "sent"
-		case errors.Is(err, idem.ErrNoCredentials):
-			r.Outcome = "needs credentials"
-		case errors.Is(err, idem.ErrExpired):
-			r.Outcome = "expired"
-		case errors.Is(err, idem.ErrNotRetryable):
-			r.Outcome = "not resendable"
-		case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
-			r.Outcome = "unreadable"
-		default:
-			r.Outcome = "failed"
-		}
-		if err != nil {
-			r.Error = err.Error()
-		}
-		mu.Lock()
-		results = append(results, r)
-		mu.Unlock()
-	})
-	if err := client.Close(); err != nil {
-		rerr = errors.Join(rerr, err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if c.json {
-		if err := c.writeJSON(map[string]any{"operations": results}); err != nil {
-			return err
-		}
-		return rerr
-	}
-	tw := c.table()
-	fmt.Fprintln(tw, "KEY\tNAME\tOUTCOME\tSTATE\tSTATUS")
-	for _, r := range results {
-		status := "-"
-		if r.Status != 0 {
-			status = fmt.Sprint(r.Status)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Key, dash(r.Name), r.Outcome, r.State, status)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Fprintf(c.out, "%d operations resumed.\n", len(results))
-	for _, r := range results {
-		if r.Outcome == "needs credentials" {
-			fmt.Fprintln(c.out, "Operations that need credentials stay pending: the application resumes them with its WithResumePrepare hook.")
-			break
-		}
-	}
-	return rerr
-}
-
 // expire marks a pending operation expired.
 func (c *cli) expire(arg string) (err error) {
 	s, err := c.open()
@@ -392,7 +352,7 @@ func (c *cli) expire(arg string) (err error) {
 	if op.State != idem.StatePending {
 		return fmt.Errorf("operation %s is %s, not pending: nothing to expire", op.Key, op.State)
 	}
-	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator"}); err != nil {
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", At: time.Now()}); err != nil {
 		return err
 	}
 	if err := s.Close(); err != nil { // Finish is durable once Close returns
@@ -409,17 +369,27 @@ func (c *cli) expire(arg string) (err error) {
 	return nil
 }
 
-// gc deletes finished operations last changed before retention ago.
-func (c *cli) gc(retention time.Duration) (err error) {
-	if retention < 0 {
-		return errors.New("--retention must not be negative")
-	}
+// gc deletes finished operations last changed before retention ago (the
+// journal's retention if it is negative), or with dryRun lists them. A retention below the journal's floor (its
+// resend window plus idem.RetentionMargin) is refused: it would delete
+// the name → key mappings a re-drive needs.
+func (c *cli) gc(retention time.Duration, dryRun bool) (err error) {
 	s, err := c.open()
 	if err != nil {
 		return err
 	}
 	defer closeStore(s, &err)
+	if retention < 0 {
+		retention = c.policy.Retention
+	}
+	if floor := c.policy.RetentionFloor(); retention < floor {
+		return usageError(fmt.Sprintf("gc: --retention %s is below the journal's floor of %s (its resend window of %s plus %s): "+
+			"a named operation re-driven within the window would get a new key", retention, floor, c.policy.ResendWindow, idem.RetentionMargin))
+	}
 	cutoff := c.now.Add(-retention)
+	if dryRun {
+		return c.gcDryRun(s, cutoff)
+	}
 	n, err := s.Sweep(c.ctx, cutoff)
 	if err != nil {
 		return err
@@ -431,17 +401,39 @@ func (c *cli) gc(retention time.Duration) (err error) {
 	return nil
 }
 
+// gcDryRun lists the finished operations a sweep at cutoff would delete.
+func (c *cli) gcDryRun(s *idem.BoltStore, cutoff time.Time) error {
+	every, err := allRecords(c.ctx, s)
+	if err != nil && len(every) == 0 {
+		return err
+	}
+	l := listing{Operations: []opView{}}
+	for _, op := range every {
+		if op.State.Finished() && op.Updated.Before(cutoff) {
+			l.Operations = append(l.Operations, c.view(op, false, false))
+		}
+	}
+	if err != nil {
+		l.Error = err.Error()
+	}
+	if c.json {
+		return c.writeJSON(map[string]any{"would_sweep": len(l.Operations), "cutoff": cutoff, "operations": l.Operations})
+	}
+	return c.printListing(l, "KEY\tNAME\tSTATE\tURL\tAGE", func(v opView) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", cell(v.Key), cell(dash(v.Name)), v.State, cell(dash(v.URL)), age(v.AgeSeconds))
+	}, fmt.Sprintf("would sweep %d finished operations last changed before %s (dry run: nothing deleted)", len(l.Operations), cutoff.Format(time.RFC3339)))
+}
+
 // statsView is stats' JSON form.
 type statsView struct {
 	FileSize int64 `json:"file_size_bytes"`
-	// ByState counts operations by state. Only pending operations can be
-	// counted through the journal's API; finished ones are absent.
+	// ByState counts the readable operations by state.
 	ByState    map[string]int `json:"by_state"`
 	Unreadable int            `json:"unreadable"`
 	// OldestPending is when the oldest pending operation was created.
 	OldestPending    *time.Time `json:"oldest_pending,omitempty"`
 	OldestPendingAge float64    `json:"oldest_pending_age_seconds,omitempty"`
-	// PastResendWindow counts pending operations older than the default
+	// PastResendWindow counts pending operations older than the journal's
 	// resend window: Resume expires them instead of sending them.
 	PastResendWindow int `json:"past_resend_window"`
 	NeedCredentials  int `json:"need_credentials"`
@@ -449,7 +441,7 @@ type statsView struct {
 
 // stats counts what the journal holds.
 func (c *cli) stats(_ []string) (err error) {
-	s, err := c.open()
+	s, err := c.openSalvage()
 	if err != nil {
 		return err
 	}
@@ -458,7 +450,7 @@ func (c *cli) stats(_ []string) (err error) {
 	if err != nil {
 		return err
 	}
-	ops, perr := allPending(c.ctx, s)
+	ops, perr := salvagePending(c.ctx, s)
 	if perr != nil && len(ops) == 0 {
 		return perr
 	}

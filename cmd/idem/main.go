@@ -60,17 +60,29 @@ Commands:
                      its journaled request headers and body]
   pending            the pending operations in detail: last outcome, lease,
                      whether Resume can send them
-  resume             send the pending operations again with their keys,
-                     from this machine, and finish them; operations whose
-                     credentials were not journaled need the application's
-                     WithResumePrepare and are reported "needs credentials"
+  resume             send the pending operations again with their keys, in
+                     the header each was sent with, under the journal's
+                     resend window, and finish them; operations whose
+                     credentials were not journaled are skipped ("needs
+                     credentials") unless --header-file gives them
+                     [--header-file FILE] [--resend-window D, only shorter]
+                     [--concurrency N]; exits 1 if any failed
   expire KEY|NAME    give up a pending operation: mark it expired, never to
                      be sent again ("expired by operator")
   gc                 delete finished operations last changed before
-                     --retention ago [--retention 25h]
+                     --retention ago (default: the journal's retention;
+                     never below its floor, the resend window plus 1h)
+                     [--retention D] [--dry-run: list, delete nothing]
   verify             check the file page by page and read every pending
                      operation; exits 1 on damage
   stats              counts, oldest pending operation, file size
+  check URL          does an API honour keys? (no journal; idem check -h)
+  help [COMMAND]     this text, or a command's flags
+
+The command acts under the policy the application journaled (key header,
+resend window, retention); its flags may only be stricter. Tables quote
+names and URLs that hold spaces, quotes or control characters (Go syntax);
+--json prints them as they are.
 
 Flags:
   --journal PATH     the journal file (default $IDEM_JOURNAL)
@@ -92,6 +104,9 @@ type cli struct {
 	lockTimeout time.Duration
 	out, err    io.Writer
 	now         time.Time
+	// policy is the journal's (idem.PolicyStore), completed with the
+	// defaults for what it does not say; open reads it.
+	policy idem.Policy
 }
 
 // command is one subcommand: its flags are set up by flags, its arguments
@@ -110,15 +125,27 @@ var commands = map[string]command{
 		return func(c *cli, args []string) error { return c.show(args[0], *body) }
 	}},
 	"resume": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
-		n := fs.Int("concurrency", 8, "operations sent at once")
-		return func(c *cli, _ []string) error { return c.resume(*n) }
+		var o resumeOptions
+		fs.IntVar(&o.concurrency, "concurrency", 8, "operations sent at once")
+		fs.DurationVar(&o.window, "resend-window", 0, "send only operations younger than this; it may only be shorter than the journal's (default: the journal's)")
+		fs.StringVar(&o.headerFile, "header-file", "", "a `FILE` of \"Name: value\" lines added to every resend, for credentials; ${VAR} takes a value from the environment, and a line may start with [host] to apply to that host only")
+		return func(c *cli, _ []string) error { return c.resume(o) }
 	}},
 	"expire": {"KEY|NAME", 1, func(fs *flag.FlagSet) func(*cli, []string) error {
 		return func(c *cli, args []string) error { return c.expire(args[0]) }
 	}},
 	"gc": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error {
-		r := fs.Duration("retention", idem.DefaultRetention, "keep finished operations changed within this long")
-		return func(c *cli, _ []string) error { return c.gc(*r) }
+		r := fs.Duration("retention", 0, "keep finished operations changed within this long; never below the journal's floor (default: the journal's retention)")
+		dry := fs.Bool("dry-run", false, "list what would be deleted, delete nothing")
+		return func(c *cli, _ []string) error {
+			retention := time.Duration(-1) // the journal's
+			fs.Visit(func(f *flag.Flag) {
+				if f.Name == "retention" {
+					retention = *r
+				}
+			})
+			return c.gc(retention, *dry)
+		}
 	}},
 	"verify": {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).verify }},
 	"stats":  {"", 0, func(fs *flag.FlagSet) func(*cli, []string) error { return (*cli).stats }},
@@ -131,6 +158,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "check" { // needs no journal: see check.go
+		return checkCmd(ctx, args[1:], stdout, stderr)
+	}
 	c := &cli{ctx: ctx, out: stdout, err: stderr, now: time.Now()}
 	fs := flag.NewFlagSet("idem", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -148,6 +178,13 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.usage("no command")
 	}
 	name, rest := fs.Arg(0), fs.Args()[1:]
+	if name == "help" {
+		if len(rest) == 0 {
+			fmt.Fprint(stdout, usageText)
+			return exitOK
+		}
+		name, rest = rest[0], []string{"--help"}
+	}
 	cmd, ok := commands[name]
 	if !ok {
 		return c.usage(fmt.Sprintf("unknown command %q", name))
@@ -159,8 +196,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err := sub.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: idem [--journal PATH] %s [flags] %s\n", name, cmd.args)
-			sub.SetOutput(stdout)
-			sub.PrintDefaults()
+			printFlags(stdout, sub)
 			return exitOK
 		}
 		return c.usage(fmt.Sprintf("%s: %v", name, err))
@@ -172,10 +208,20 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.usage("no journal: use --journal PATH or set " + envJournal)
 	}
 	if err := do(c, sub.Args()); err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			return c.usage(string(ue))
+		}
 		return c.fail(err)
 	}
 	return exitOK
 }
+
+// usageError is an error a command returns for flags that make no sense
+// for the journal: the command exits with exitUsage.
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
 
 func (c *cli) usage(msg string) int {
 	fmt.Fprintf(c.err, "idem: %s\n\n%s", msg, usageText)
@@ -201,7 +247,8 @@ func (c *cli) fail(err error) int {
 			"  restore it from a backup or move it aside; its pending operations must be\n"+
 			"  reconciled with the servers by their keys.\n", c.journal)
 	case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
-		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details.\n", err, c.journal)
+		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details; \"idem ls\" and \"idem pending\"\n"+
+			"  list what is still readable, with the keys to reconcile.\n", err, c.journal)
 	default:
 		fmt.Fprintf(c.err, "idem: %v\n", err)
 	}
@@ -210,11 +257,44 @@ func (c *cli) fail(err error) int {
 
 // open opens the journal, which must exist: the command never creates
 // one.
-func (c *cli) open() (*idem.BoltStore, error) {
+func (c *cli) open() (*idem.BoltStore, error) { return c.openStore(false) }
+
+// openSalvage opens the journal for reading what it can, damaged or not:
+// without Open's check of its records (see idem.BoltOptions.SkipCheck).
+// ls, pending, show and stats read through it, with BoltStore.Salvage.
+func (c *cli) openSalvage() (*idem.BoltStore, error) { return c.openStore(true) }
+
+func (c *cli) openStore(salvage bool) (*idem.BoltStore, error) {
 	if err := c.checkFile(); err != nil {
 		return nil, err
 	}
-	return idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout})
+	s, err := idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout, SkipCheck: salvage})
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.Policy(c.ctx)
+	if err != nil {
+		fmt.Fprintf(c.err, "idem: the journal's policy cannot be read (%v): using the defaults\n", err)
+	}
+	c.policy = withDefaults(p)
+	return s, nil
+}
+
+// withDefaults completes a journal's policy with idem's defaults for what
+// it does not say (a journal written before policies were journaled says
+// nothing).
+func withDefaults(p idem.Policy) idem.Policy {
+	if p.KeyHeader == "" {
+		p.KeyHeader = idem.DefaultHeader
+	}
+	if p.ResendWindow <= 0 {
+		p.ResendWindow = idem.DefaultResendWindow
+	}
+	if p.Retention <= 0 {
+		p.Retention = idem.DefaultRetention
+	}
+	p.Retention = max(p.Retention, p.RetentionFloor())
+	return p
 }
 
 // checkFile checks that the journal is a non-empty regular file. An empty
@@ -250,9 +330,23 @@ func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) 
 	return allPages(ctx, s.Pending)
 }
 
-// allRecords reads every record of s, of any state, without requests.
+// allRecords reads every record of s that can be read, of any state,
+// without bodies (idem.BoltStore.Salvage): unreadable records come with
+// State 0 and LastError, and err names them and any damaged page.
 func allRecords(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
-	return allPages(ctx, s.Walk)
+	return s.Salvage(ctx)
+}
+
+// salvagePending is allRecords' pending and unreadable records.
+func salvagePending(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
+	ops, err := s.Salvage(ctx)
+	out := ops[:0]
+	for _, op := range ops {
+		if op.State == idem.StatePending || op.State == 0 {
+			out = append(out, op)
+		}
+	}
+	return out, err
 }
 
 // allPages reads every page of a listing in key order.
@@ -274,11 +368,24 @@ func allPages(ctx context.Context, list func(ctx context.Context, after string, 
 	}
 }
 
-// find returns the operation with key or name arg.
+// find returns the operation with key or name arg. On a damaged journal
+// it looks among what Salvage reads.
 func find(ctx context.Context, s *idem.BoltStore, arg string) (idem.Operation, error) {
 	op, err := s.Get(ctx, arg)
 	if err == nil {
 		return op, nil
+	}
+	if errors.Is(err, idem.ErrJournalCorrupt) {
+		ops, serr := s.Salvage(ctx)
+		for _, op := range ops {
+			if op.Key == arg || op.Name == arg {
+				if op.State == 0 {
+					return op, fmt.Errorf("operation %s cannot be read: %s", cell(op.Key), op.LastError)
+				}
+				return op, nil
+			}
+		}
+		return op, fmt.Errorf("no readable operation with key or name %s: %w", cell(arg), errors.Join(err, serr))
 	}
 	if !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrInvalidKey) {
 		return op, err
@@ -306,4 +413,21 @@ func withoutQuery(u string) string {
 		return u[:i]
 	}
 	return u
+}
+
+// printFlags prints fs's flags as the command spells them, with two
+// dashes.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, usage)
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
 }

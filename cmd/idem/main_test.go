@@ -19,9 +19,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/crashtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// crashChildren are the helper modes a test runs this binary in (see
+// internal/crashtest).
+var crashChildren = map[string]func() int{}
+
+func TestMain(m *testing.M) {
+	if child, ok := crashChildren[crashtest.Mode()]; ok {
+		os.Exit(child())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // provider answers /ok with 201 and cuts the connection on /lost until
 // healed is set; then /lost answers 201 too.
@@ -29,6 +39,7 @@ type provider struct {
 	*httptest.Server
 	healed atomic.Bool
 	auth   atomic.Int64 // requests that carried an Authorization header
+	forged atomic.Int64 // requests whose key was "not-the-key"
 }
 
 func newProvider(t *testing.T) *provider {
@@ -38,6 +49,9 @@ func newProvider(t *testing.T) *provider {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("Authorization") != "" {
 			p.auth.Add(1)
+		}
+		if r.Header.Get("Idempotency-Key") == "not-the-key" {
+			p.forged.Add(1)
 		}
 		if r.URL.Path == "/lost" && !p.healed.Load() {
 			panic(http.ErrAbortHandler)
@@ -139,6 +153,29 @@ func TestUsage(t *testing.T) {
 	r := runIdem(t, "-h")
 	assert.Equal(t, exitOK, r.code)
 	assert.Contains(t, r.stdout, "usage: idem")
+	r = runIdem(t, "help")
+	assert.Equal(t, exitOK, r.code)
+	assert.Contains(t, r.stdout, "usage: idem")
+	for _, args := range [][]string{{"help", "gc"}, {"gc", "--help"}} {
+		r = runIdem(t, args...)
+		assert.Equal(t, exitOK, r.code, "%v", args)
+		assert.Contains(t, r.stdout, "  --retention duration", "%v: two-dash flags", args)
+		assert.Contains(t, r.stdout, "  --dry-run", "%v", args)
+	}
+}
+
+func TestAgeIsRounded(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{1500 * time.Millisecond, "2s"},
+		{16*time.Minute + 20*time.Second, "16m"},
+		{2*time.Hour + 3*time.Minute + 10*time.Second, "2h3m"},
+		{3*24*time.Hour + 4*time.Hour + 20*time.Minute, "3d4h"},
+	} {
+		assert.Equal(t, tc.want, age(tc.d.Seconds()), "%s", tc.d)
+	}
 }
 
 func TestCommandsNeverCreateAJournal(t *testing.T) {
@@ -285,33 +322,40 @@ func TestGC(t *testing.T) {
 	j := newJournal(t)
 	var got struct{ Swept int }
 	runJSON(t, &got, "--journal", j.path, "gc")
-	assert.Zero(t, got.Swept, "the default retention keeps a fresh operation")
+	assert.Zero(t, got.Swept, "the journal's retention keeps a fresh operation")
 
-	runJSON(t, &got, "--journal", j.path, "gc", "--retention", "0s")
-	assert.Equal(t, 1, got.Swept, "pay:ok is finished; the pending ones are never swept")
-	r := runIdem(t, "--journal", j.path, "show", "pay:ok")
-	assert.Equal(t, exitFailed, r.code)
-	var l listing
-	runJSON(t, &l, "--journal", j.path, "ls")
-	assert.Len(t, l.Operations, 2)
+	// Below the floor (the 23 h resend window plus an hour) is refused.
+	r := runIdem(t, "--journal", j.path, "gc", "--retention", "0s")
+	assert.Equal(t, exitUsage, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "below the journal's floor of 24h0m0s")
+	runJSON(t, &got, "--journal", j.path, "gc", "--retention", "24h")
+	assert.Zero(t, got.Swept)
+	var v opView
+	runJSON(t, &v, "--journal", j.path, "show", "pay:ok")
+	assert.Equal(t, j.keys["pay:ok"], v.Key, "the named operation keeps its key")
 }
 
 func TestResume(t *testing.T) {
 	j := newJournal(t)
 	j.p.healed.Store(true)
 	j.p.auth.Store(0)
-	var got struct{ Operations []resumeResult }
+	var got struct {
+		Operations []resumeResult
+		Summary    resumeSummary
+	}
 	runJSON(t, &got, "--journal", j.path, "resume")
 	byName := map[string]resumeResult{}
 	for _, r := range got.Operations {
 		byName[r.Name] = r
 	}
 	require.Len(t, byName, 2, "%+v", got.Operations)
-	assert.Equal(t, resumeResult{Key: j.keys["pay:lost"], Name: "pay:lost", State: "succeeded", Status: 201, Outcome: "sent"}, byName["pay:lost"])
+	assert.Equal(t, resumeResult{Key: j.keys["pay:lost"], Name: "pay:lost", State: "succeeded", Status: 201, Outcome: "succeeded", Sent: true}, byName["pay:lost"])
 	secret := byName["pay:secret"]
 	assert.Equal(t, "needs credentials", secret.Outcome)
 	assert.Equal(t, "pending", secret.State)
+	assert.False(t, secret.Sent)
 	assert.Zero(t, j.p.auth.Load(), "the command has no credentials to send")
+	assert.Equal(t, resumeSummary{Sent: 1, Succeeded: 1, Skipped: 1}, got.Summary)
 
 	var l listing
 	runJSON(t, &l, "--journal", j.path, "pending")
@@ -321,7 +365,53 @@ func TestResume(t *testing.T) {
 	r := runIdem(t, "--journal", j.path, "resume")
 	require.Equal(t, exitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "needs credentials")
-	assert.Contains(t, r.stdout, "WithResumePrepare")
+	assert.Contains(t, r.stdout, "1 pending: 0 sent, 0 succeeded, 0 failed, 1 skipped, 0 expired.")
+	assert.Contains(t, r.stdout, "--header-file")
+
+	// Credentials from a file, the secret itself from the environment.
+	t.Setenv("IDEM_TEST_TOKEN", secretAuth)
+	hf := filepath.Join(t.TempDir(), "headers")
+	require.NoError(t, os.WriteFile(hf, []byte("# for the provider\n[127.0.0.1] Authorization: ${IDEM_TEST_TOKEN}\n"+
+		"Idempotency-Key: not-the-key\n"), 0o600)) // a key header in the file is never sent
+	r = runIdem(t, "--journal", j.path, "resume", "--header-file", hf)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "1 pending: 1 sent, 1 succeeded, 0 failed, 0 skipped, 0 expired.")
+	assert.Equal(t, int64(1), j.p.auth.Load(), "the resend carried the credentials")
+	assert.Zero(t, j.p.forged.Load(), "the key is never replaced by the header file")
+	assert.NotContains(t, r.stdout+r.stderr, "sk_live", "credentials are never printed")
+	runJSON(t, &l, "--journal", j.path, "pending")
+	assert.Empty(t, l.Operations)
+	store, err := idem.OpenBoltStore(j.path, nil)
+	require.NoError(t, err)
+	op, err := store.Get(context.Background(), j.keys["pay:secret"])
+	require.NoError(t, err)
+	require.NoError(t, store.Close())
+	assert.Nil(t, op.Header["Authorization"], "credentials are never journaled")
+}
+
+func TestResumeFailuresExitOne(t *testing.T) {
+	j := newJournal(t) // the provider still cuts /lost
+	r := runIdem(t, "--journal", j.path, "resume")
+	assert.Equal(t, exitFailed, r.code, r.stdout)
+	assert.Contains(t, r.stdout, "2 pending: 1 sent, 0 succeeded, 1 failed, 1 skipped, 0 expired.")
+	assert.NotContains(t, r.stdout, "resumed.")
+}
+
+func TestResumeHeaderFileErrors(t *testing.T) {
+	j := newJournal(t)
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"not a header": "Authorization sk_live_do_not_print\n",
+		"missing env":  "Authorization: Bearer ${IDEM_TEST_UNSET_VAR}\n",
+		"empty":        "# nothing\n",
+	} {
+		hf := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+		require.NoError(t, os.WriteFile(hf, []byte(content), 0o600))
+		r := runIdem(t, "--journal", j.path, "resume", "--header-file", hf)
+		assert.Equal(t, exitUsage, r.code, name)
+		assert.Contains(t, r.stderr, "--header-file", name)
+		assert.NotContains(t, r.stderr, "sk_live", "%s: a value is never printed", name)
+	}
 }
 
 func TestLockedJournal(t *testing.T) {

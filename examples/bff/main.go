@@ -29,7 +29,7 @@
 // It needs a PostgreSQL server (the role must be allowed to create a
 // schema; the program drops the schema it made when it ends):
 //
-//	IDEM_POSTGRES=postgres://user:pass@127.0.0.1:5432/db go run ./examples/bff
+//	IDEM_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432/db go run ./examples/bff
 //	go run ./examples/bff -dsn postgres://user:pass@127.0.0.1:5432/db
 //
 // The provider (an idemtest server) and the BFF run in this process on
@@ -72,10 +72,10 @@ const (
 )
 
 func main() {
-	dsn := flag.String("dsn", os.Getenv("IDEM_POSTGRES"), "PostgreSQL URL of the BFF's database (default $IDEM_POSTGRES)")
+	dsn := flag.String("dsn", os.Getenv("IDEM_TEST_POSTGRES"), "PostgreSQL URL of the BFF's database (default $IDEM_TEST_POSTGRES, the variable the tests read)")
 	flag.Parse()
 	if *dsn == "" {
-		fmt.Fprintln(os.Stderr, "bff: needs PostgreSQL: set IDEM_POSTGRES=postgres://... or pass -dsn")
+		fmt.Fprintln(os.Stderr, "bff: needs PostgreSQL: set IDEM_TEST_POSTGRES=postgres://... or pass -dsn")
 		os.Exit(2)
 	}
 	dir, err := os.MkdirTemp("", "idem-bff-")

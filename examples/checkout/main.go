@@ -25,7 +25,9 @@
 //
 // The provider is an in-process idemtest server on loopback; nothing needs
 // setting up. The journal is kept in a temporary directory for inspection;
-// the program prints its path.
+// the program prints its path. The driver's plumbing (the pool of payments,
+// the tries, the ledger of charges per order) is internal/chaoskit, shared
+// with idem's chaos tests.
 //
 // Run it with: go run ./examples/checkout [-trace]
 package main
@@ -53,6 +55,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/chaoskit"
 )
 
 const (
@@ -149,7 +152,7 @@ func shop(ctx context.Context, journal, url string) error {
 			say("resumed %d error", n)
 			return
 		}
-		ok := charged(resp, n)
+		ok := chaoskit.Answer(resp, n)
 		say("resumed %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
 		if ok {
 			mu.Lock()
@@ -166,33 +169,24 @@ func shop(ctx context.Context, journal, url string) error {
 	if os.Getenv(envTrace) != "" {
 		tr = &tracer{}
 	}
-	jobs := make(chan int)
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	for range workers {
-		wg.Go(func() {
-			for n := range jobs {
-				if !pay(ctx, client.HTTPClient(), url, n, tr) {
-					failed.Add(1)
-				}
+	unpaid := func(yield func(int) bool) {
+		for n := 1; n <= orders; n++ {
+			mu.Lock()
+			done := paid[n]
+			mu.Unlock()
+			if !done && !yield(n) {
+				return
 			}
-		})
-	}
-	for n := 1; n <= orders; n++ {
-		mu.Lock()
-		done := paid[n]
-		mu.Unlock()
-		if !done {
-			jobs <- n
 		}
 	}
-	close(jobs)
-	wg.Wait()
+	failed := chaoskit.Pool(workers, unpaid, func(n int) bool {
+		return pay(ctx, client.HTTPClient(), url, n, tr)
+	})
 	if err := client.Close(); err != nil {
 		return err
 	}
 	say("closed")
-	if n := failed.Load(); n > 0 {
+	if n := failed; n > 0 {
 		return fmt.Errorf("%d orders could not be paid", n)
 	}
 	return nil
@@ -205,15 +199,14 @@ func paidOrders(ctx context.Context, journal string) (map[int]bool, error) {
 		return nil, err
 	}
 	defer store.Close()
+	done, _, err := chaoskit.Done(ctx, store.Named, chaoskit.Names(orders, func(i int) string { return orderName(i + 1) }))
+	if err != nil {
+		return nil, err
+	}
 	paid := make(map[int]bool)
-	for n := 1; n <= orders; n++ {
-		op, err := store.Named(ctx, orderName(n))
-		switch {
-		case errors.Is(err, idem.ErrNotFound):
-		case err != nil:
-			return nil, err
-		case op.State == idem.StateSucceeded:
-			paid[n] = true
+	for i, ok := range done {
+		if ok {
+			paid[i+1] = true
 		}
 	}
 	return paid, store.Close()
@@ -232,39 +225,22 @@ func pay(ctx context.Context, hc *http.Client, url string, n int, tr *tracer) bo
 			}
 		}()
 	}
-	for try := range 5 {
-		if try > 0 {
-			select {
-			case <-time.After(100 * time.Millisecond):
-			case <-ctx.Done():
-				return false
-			}
-		}
-		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, orderName(n)), http.MethodPost, url+"/v1/charges", strings.NewReader(orderBody(n)))
+	return chaoskit.Try(ctx, 5, 100*time.Millisecond, func(int) (bool, error) {
+		req, err := chaoskit.Post(idem.WithOperation(ctx, orderName(n)), url+"/v1/charges", orderBody(n))
 		if err != nil {
-			return false
+			return false, err
 		}
-		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", apiKey)
 		resp, err := hc.Do(req)
 		if err != nil {
-			continue // outcome unknown: the same name is the same key
+			return false, nil // outcome unknown: the same name is the same key
 		}
-		if charged(resp, n) {
-			say("paid %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
-			return true
+		if !chaoskit.Answer(resp, n) { // the provider's charge for order n
+			return false, nil
 		}
-	}
-	return false
-}
-
-// charged reads and closes resp and reports whether it is the provider's
-// charge for order n.
-func charged(resp *http.Response, n int) bool {
-	defer resp.Body.Close()
-	var c struct{ Order int }
-	err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&c)
-	return resp.StatusCode/100 == 2 && err == nil && c.Order == n
+		say("paid %d %d %t", n, resp.StatusCode, resp.Header.Get(idemtest.ReplayedHeader) == "true")
+		return true, nil
+	})
 }
 
 // ---------------------------------------------------------------------------
@@ -283,6 +259,21 @@ type Report struct {
 	Duplicates int                    // orders charged more than once
 	Lost       int                    // orders never charged
 	Journal    string
+}
+
+// faultRates are the provider's faults, as shares of the requests it gets.
+var faultRates = idemtest.FaultRates{
+	DropBefore:      0.05,
+	DropAfter:       0.08, // charged, response lost
+	Delay:           0.03, // answered late, not a failure
+	Unavailable:     0.06,
+	TooManyRequests: 0.05,
+	InProgress:      0.03,
+}
+
+// failureRate is the share of requests that fail (a delay is no failure).
+func failureRate(r idemtest.FaultRates) float64 {
+	return r.DropBefore + r.DropAfter + r.Unavailable + r.TooManyRequests + r.InProgress
 }
 
 // provider is the payment provider: an idemtest server whose handler
@@ -323,16 +314,10 @@ func newProvider() *provider {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":"ch_%016x","order":%d,"status":"succeeded"}`, rand.Uint64(), c.Order)
 	})
+	rates := faultRates
+	rates.Seed = rand.Uint64()
 	p.Server = idemtest.NewServer(h,
-		idemtest.WithFaultRates(idemtest.FaultRates{
-			Seed:            rand.Uint64(),
-			DropBefore:      0.05,
-			DropAfter:       0.08, // charged, response lost
-			Delay:           0.03,
-			Unavailable:     0.06,
-			TooManyRequests: 0.05,
-			InProgress:      0.03,
-		}),
+		idemtest.WithFaultRates(rates),
 		idemtest.WithRetryAfter(0),
 		idemtest.WithFaultDelay(50*time.Millisecond))
 	return p
@@ -385,7 +370,8 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 
 	p := newProvider()
 	defer p.close()
-	fmt.Fprintf(w, "A shop pays %d orders; the provider faults about 30%% of attempts.\n", orders)
+	fmt.Fprintf(w, "A shop pays %d orders; the provider fails about %.0f%% of requests (drops, lost answers, 503, 429, 409) and delays %.0f%%.\n",
+		orders, 100*failureRate(faultRates), 100*faultRates.Delay)
 	fmt.Fprintf(w, "Journal: %s\n\n", rep.Journal)
 
 	paid := make(map[int]bool)
@@ -417,7 +403,15 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 				f := strings.Fields(line)
 				switch {
 				case len(f) == 2 && f[0] == "todo":
-					fmt.Fprintf(w, "  the journal says %d orders are paid, %s to go\n", orders-atoi(f[1]), f[1])
+					journaled := orders - atoi(f[1])
+					fmt.Fprintf(w, "  the journal says %d orders are paid, %s to go\n", journaled, f[1])
+					switch counted := len(paid); {
+					case journaled < counted:
+						fmt.Fprintf(w, "  (the shop said %d: the finish marks of the last %d answers ride the journal's next commit, which the kill cut off; Resume sends them again with their keys and the provider replays its answers)\n",
+							counted, counted-journaled)
+					case journaled > counted:
+						fmt.Fprintf(w, "  (the shop said %d: it received %d more answers before it died, and did not say so)\n", counted, journaled-counted)
+					}
 				case len(f) == 4 && f[0] == "resumed":
 					rep.Resumed++
 					how := "charged now"
@@ -474,7 +468,7 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 		ws, ok := exit.Sys().(syscall.WaitStatus)
 		rep.Killed = ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 	}
-	fmt.Fprintf(w, "  shop exited: %v\n\n", werr)
+	fmt.Fprintf(w, "  shop exited: %v, with %d orders paid as far as it said\n\n", werr, len(paid))
 	p.hold.Store(false)
 	close(p.release)
 
@@ -492,22 +486,15 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 		return rep, fmt.Errorf("restarted shop: %w", err)
 	}
 
-	st := p.Stats()
-	rep.Attempts, rep.Faults, rep.Conflicts, rep.Replays = st.Requests, st.Faults, st.Conflicts, st.Replays
 	p.mu.Lock()
+	charges := make([]int, orders)
 	for n := 1; n <= orders; n++ {
-		switch c := p.ledger[n]; {
-		case c == 0:
-			rep.Lost++
-		case c > 1:
-			rep.Duplicates++
-		}
-		if p.ledger[n] > 0 {
-			rep.Paid++
-		}
+		charges[n-1] = p.ledger[n]
 	}
 	p.mu.Unlock()
-	rep.Duplicates = max(rep.Duplicates, st.DuplicateKeys())
+	l := chaoskit.Tally(p.Stats(), charges)
+	rep.Attempts, rep.Faults, rep.Conflicts, rep.Replays = l.Requests, l.Faults, l.Conflicts, l.Replays
+	rep.Paid, rep.Duplicates, rep.Lost = l.Paid, l.Duplicates, l.Lost
 	rep.write(w)
 	if rep.Duplicates != 0 || rep.Lost != 0 {
 		return rep, fmt.Errorf("%d orders charged more than once, %d never charged", rep.Duplicates, rep.Lost)
@@ -518,7 +505,6 @@ func run(w io.Writer, exe, dir string) (Report, error) {
 func (r Report) write(w io.Writer) {
 	fmt.Fprintln(w, "\nReport")
 	fmt.Fprintf(w, "  orders      %d, %d charged\n", r.Orders, r.Paid)
-	fmt.Fprintf(w, "  attempts    %d (%.2f per order)\n", r.Attempts, float64(r.Attempts)/float64(r.Orders))
 	retries, why := r.Conflicts, []string(nil)
 	for _, f := range []struct {
 		fault idemtest.Fault
@@ -536,8 +522,18 @@ func (r Report) write(w io.Writer) {
 	if r.Conflicts > 0 {
 		why = append(why, fmt.Sprintf("%d × 409 while the key was being charged", r.Conflicts))
 	}
+	// Every request the provider got either failed (a fault or a real 409:
+	// tried again with its key) or was answered: once per order, plus the
+	// answers the crash kept from the shop (held at the kill, or received
+	// but not yet marked in the journal), which Resume asked for again.
+	answered := r.Attempts - retries
+	sum := fmt.Sprintf("%d failed and tried again + %d answered", retries, answered)
+	if extra := answered - r.Orders; extra > 0 {
+		sum += fmt.Sprintf(" (%d orders, and %d answers the crash kept from the shop, asked for again by Resume)", r.Orders, extra)
+	}
+	fmt.Fprintf(w, "  requests    %d (%.2f per order) = %s\n", r.Attempts, float64(r.Attempts)/float64(r.Orders), sum)
 	fmt.Fprintf(w, "  retries     %d, after %s,\n              %s\n", retries, strings.Join(why[:2], ", "), strings.Join(why[2:], ", "))
-	fmt.Fprintf(w, "  slow        %d answers delayed, waited out\n", r.Faults[idemtest.Delay])
+	fmt.Fprintf(w, "  slow        %d answer(s) delayed, waited out (not failures)\n", r.Faults[idemtest.Delay])
 	fmt.Fprintf(w, "  replays     %d (the provider answered a key it had already charged from its store)\n", r.Replays)
 	fmt.Fprintf(w, "  crash       %s\n", map[bool]string{true: "the shop was SIGKILLed mid-payment and restarted", false: "the shop was not killed"}[r.Killed])
 	fmt.Fprintf(w, "  resumed     %d (in flight at the crash, finished by Resume with their original keys)\n", r.Resumed)

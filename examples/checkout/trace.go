@@ -52,7 +52,7 @@ func (tr *tracer) hooks() (*idem.Hooks, *orderTrace) {
 			o.add("retry     after %s (%s), because %s; same key, same body", r.Delay.Round(time.Millisecond), r.Source, r.Reason)
 		},
 		Settled: func(op idem.OperationInfo) {
-			o.add("settled   %s %s after %d attempts: the journal records it, it is never sent again", op.Name, op.State, op.Attempts)
+			o.add("settled   %s %s after %d attempts: the journal accepted its finish mark: Resume will not send it again", op.Name, op.State, op.Attempts)
 		},
 		InDoubt: func(op idem.OperationInfo, err error) {
 			o.add("in doubt  %s: %v; it stays pending, the shop re-drives it by name", op.Name, err)

@@ -5,7 +5,8 @@
 //
 //	version   1 byte (2)
 //	state     1 byte
-//	flags     1 byte (bit 7 is the codec's own: a lease time follows)
+//	flags     1 byte (bits 6 and 7 are the codec's own: a key header
+//	          follows the owner; a lease time follows)
 //	created   varint, Unix nanoseconds (0: not set)
 //	updated   varint, nanoseconds after created
 //	lease     varint, nanoseconds after created (only with flag bit 7)
@@ -13,10 +14,16 @@
 //	status    uvarint
 //	fingerprint 32 bytes
 //	name, method, URL, host, last error, owner: uvarint length + bytes each
+//	key header uvarint length + bytes (only with flag bit 6)
 //	--- the request section, empty in a finished record ---
 //	header count uvarint, then per header: name, value count, values
 //	body      the remaining bytes
 //	crc       4 bytes, CRC-32C (Castagnoli) of everything before, little endian
+//
+// Every version, this one and any later one, ends in that checksum: a
+// record whose version byte is unknown but whose checksum holds was
+// written by a newer version (ErrVersion); one whose checksum fails is
+// damaged (ErrCorrupt), whatever its first byte says.
 //
 // A finished record has no request section beyond a zero header count, so
 // it is about 100 bytes plus its URL, name and owner. The checksum lets a
@@ -57,20 +64,26 @@ type Record struct {
 	Name, Method, URL, Host string
 	Fingerprint             [32]byte
 	State                   uint8
-	// Flags holds boolean properties of the operation, one bit each; bit 7
-	// is reserved for the codec.
+	// Flags holds boolean properties of the operation, one bit each; bits
+	// 6 and 7 are reserved for the codec.
 	Flags                        uint8
 	Attempts, LastStatus         int64
 	LastError                    string
 	Created, Updated, LeaseUntil int64
 	Owner                        string
-	Header                       map[string][]string
-	Body                         []byte
+	// KeyHeader is the header the key travels in, "" for the default. It
+	// is written only when set, so a record without it encodes as records
+	// written before it existed.
+	KeyHeader string
+	Header    map[string][]string
+	Body      []byte
 }
 
 const (
-	flagLease = 1 << 7 // a lease time follows; codec-internal
-	crcSize   = 4
+	flagLease     = 1 << 7 // a lease time follows; codec-internal
+	flagKeyHeader = 1 << 6 // a key header follows the owner; codec-internal
+	codecFlags    = flagLease | flagKeyHeader
+	crcSize       = 4
 	// minSize is the shortest valid record: the three leading bytes, the
 	// smallest varints, the fingerprint, six empty strings, a zero header
 	// count and the checksum.
@@ -89,7 +102,7 @@ func Size(r *Record) int {
 // request section, checksum included.
 func HeadSize(r *Record) int {
 	n := 3 + 5*binary.MaxVarintLen64 + 32 + crcSize
-	for _, s := range [...]string{r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner} {
+	for _, s := range [...]string{r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner, r.KeyHeader} {
 		n += binary.MaxVarintLen64 + len(s)
 	}
 	return n
@@ -138,9 +151,12 @@ func AppendWithRequest(dst []byte, r *Record, req []byte) []byte {
 func Encode(r *Record) []byte { return Append(make([]byte, 0, Size(r)), r) }
 
 func appendHead(dst []byte, r *Record) []byte {
-	flags := r.Flags &^ flagLease
+	flags := r.Flags &^ codecFlags
 	if r.LeaseUntil != 0 {
 		flags |= flagLease
+	}
+	if r.KeyHeader != "" {
+		flags |= flagKeyHeader
 	}
 	dst = append(dst, Version, r.State, flags)
 	dst = binary.AppendVarint(dst, r.Created)
@@ -156,7 +172,11 @@ func appendHead(dst []byte, r *Record) []byte {
 	dst = appendString(dst, r.URL)
 	dst = appendString(dst, r.Host)
 	dst = appendString(dst, r.LastError)
-	return appendString(dst, r.Owner)
+	dst = appendString(dst, r.Owner)
+	if r.KeyHeader != "" {
+		dst = appendString(dst, r.KeyHeader)
+	}
+	return dst
 }
 
 // AppendRequest appends a request section holding header and body.
@@ -195,14 +215,20 @@ func Check(b []byte) (state uint8, err error) {
 	if len(b) == 0 {
 		return 0, fmt.Errorf("%w: empty", ErrCorrupt)
 	}
+	n := len(b) - crcSize
+	sumOK := n > 0 && crc32.Checksum(b[:n], table) == binary.LittleEndian.Uint32(b[n:])
 	if b[0] != Version {
+		if !sumOK {
+			// Every version ends in this checksum: a record that fails it
+			// is damaged, whatever its first byte says.
+			return 0, fmt.Errorf("%w: checksum mismatch (and version byte %d)", ErrCorrupt, b[0])
+		}
 		return 0, fmt.Errorf("%w %d (this version reads %d)", ErrVersion, b[0], Version)
 	}
 	if len(b) < minSize {
 		return 0, fmt.Errorf("%w: %d bytes is too short", ErrCorrupt, len(b))
 	}
-	n := len(b) - crcSize
-	if crc32.Checksum(b[:n], table) != binary.LittleEndian.Uint32(b[n:]) {
+	if !sumOK {
 		return 0, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	return b[1], nil
@@ -242,7 +268,7 @@ func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 	b = b[:len(b)-crcSize]
 	d := decoder{b: b, off: 3}
 	r.State = b[1]
-	r.Flags = b[2] &^ flagLease
+	r.Flags = b[2] &^ codecFlags
 	r.Created = d.varint()
 	r.Updated = r.Created + d.varint()
 	r.LeaseUntil = 0
@@ -259,10 +285,14 @@ func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 			d.off += 32
 		}
 	}
-	// The six strings are sliced from one copy of their bytes.
+	// The six or seven strings are sliced from one copy of their bytes.
 	start := d.off
-	var spans [6][2]int
-	for i := range spans {
+	var spans [7][2]int
+	nstr := 6
+	if b[2]&flagKeyHeader != 0 {
+		nstr = 7
+	}
+	for i := range nstr {
 		n := d.uvarint()
 		if d.err != nil {
 			break
@@ -287,6 +317,7 @@ func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 	}
 	str := func(i int) string { return s[spans[i][0]:spans[i][1]] }
 	r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner = str(0), str(1), str(2), str(3), str(4), str(5)
+	r.KeyHeader = str(6) // empty without flag bit 6
 	r.Header, r.Body = nil, nil
 	if d.off >= len(b) {
 		d.fail("request section")

@@ -77,13 +77,22 @@ func TestDecodeUnknownVersion(t *testing.T) {
 	rec := sample()
 	b := codec.Encode(&rec)
 	for _, v := range []byte{0, 1, 3, 0xff} {
-		b[0] = v
-		err := codec.Decode(b, new(codec.Record))
+		// A newer version: another first byte, and its own checksum.
+		newer := bytes.Clone(b[:len(b)-4])
+		newer[0] = v
+		newer = binary.LittleEndian.AppendUint32(newer, crc32.Checksum(newer, crc32.MakeTable(crc32.Castagnoli)))
+		err := codec.Decode(newer, new(codec.Record))
 		if !errors.Is(err, codec.ErrVersion) || errors.Is(err, codec.ErrCorrupt) {
 			t.Errorf("version %d: got %v, want ErrVersion only", v, err)
 		}
 		if err != nil && !strings.Contains(err.Error(), "unknown record version") {
 			t.Errorf("version %d: unclear message %q", v, err)
+		}
+		// A damaged version byte: the checksum fails.
+		damaged := bytes.Clone(b)
+		damaged[0] = v
+		if err := codec.Decode(damaged, new(codec.Record)); !errors.Is(err, codec.ErrCorrupt) || errors.Is(err, codec.ErrVersion) {
+			t.Errorf("damaged version byte %d: got %v, want ErrCorrupt only", v, err)
 		}
 	}
 }
@@ -185,7 +194,7 @@ func FuzzRoundTrip(f *testing.F) {
 		rec := codec.Record{
 			Name: name + key, Method: "POST", URL: url, LastError: lastErr,
 			State: state, Attempts: attempts, LastStatus: status, Created: created, Updated: updated,
-			Fingerprint: [32]byte{state},
+			Fingerprint: [32]byte{state}, KeyHeader: hk,
 		}
 		if hk != "" {
 			rec.Header = map[string][]string{hk: {hv, hv + hv}}
@@ -196,7 +205,8 @@ func FuzzRoundTrip(f *testing.F) {
 		}
 		if got.Name != rec.Name || got.URL != rec.URL || got.LastError != rec.LastError ||
 			got.State != rec.State || got.Attempts != rec.Attempts || got.LastStatus != rec.LastStatus ||
-			got.Created != rec.Created || got.Updated != rec.Updated || len(got.Header) != len(rec.Header) {
+			got.Created != rec.Created || got.Updated != rec.Updated || len(got.Header) != len(rec.Header) ||
+			got.KeyHeader != rec.KeyHeader {
 			t.Fatalf("round trip: got %+v, want %+v", got, rec)
 		}
 		if hk != "" && (got.Header[hk][0] != hv || got.Header[hk][1] != hv+hv) {
@@ -240,5 +250,46 @@ func BenchmarkDecode(b *testing.B) {
 		if err := codec.Decode(enc, &got); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestKeyHeaderRoundTripAndOldRecords(t *testing.T) {
+	rec := sample()
+	rec.KeyHeader = "PayPal-Request-Id"
+	var got codec.Record
+	if err := codec.Decode(codec.Encode(&rec), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.KeyHeader != rec.KeyHeader || got.Owner != rec.Owner || !reflect.DeepEqual(got.Header, rec.Header) {
+		t.Fatalf("got key header %q owner %q header %v, want %q %q %v", got.KeyHeader, got.Owner, got.Header, rec.KeyHeader, rec.Owner, rec.Header)
+	}
+	// A record without a key header is encoded as before the field
+	// existed: flag bit 6 clear, nothing after the owner.
+	rec.KeyHeader = ""
+	b := codec.Encode(&rec)
+	if b[2]&(1<<6) != 0 {
+		t.Fatalf("flags %08b: bit 6 set without a key header", b[2])
+	}
+	if err := codec.Decode(b, &got); err != nil || got.KeyHeader != "" {
+		t.Fatalf("old-style record: key header %q, err %v", got.KeyHeader, err)
+	}
+}
+
+func TestPolicyRoundTrip(t *testing.T) {
+	p := codec.Policy{KeyHeader: "Cko-Idempotency-Key", ResendWindow: 47 * 3600e9, Retention: 48 * 3600e9, MatchWindow: 120e9}
+	b := codec.EncodePolicy(&p)
+	var got codec.Policy
+	if err := codec.DecodePolicy(b, &got); err != nil || got != p {
+		t.Fatalf("got %+v, %v; want %+v", got, err, p)
+	}
+	for i := range len(b) * 8 {
+		c := bytes.Clone(b)
+		c[i/8] ^= 1 << (i % 8)
+		if err := codec.DecodePolicy(c, &got); !errors.Is(err, codec.ErrCorrupt) && !errors.Is(err, codec.ErrVersion) {
+			t.Fatalf("bit %d flipped: %v", i, err)
+		}
+	}
+	if err := codec.DecodePolicy(b[:3], &got); !errors.Is(err, codec.ErrCorrupt) {
+		t.Fatalf("truncated: %v", err)
 	}
 }

@@ -18,8 +18,11 @@
 // It needs a PostgreSQL server (the role must be allowed to create a
 // schema; the program drops the schema it made when it ends):
 //
-//	IDEM_POSTGRES=postgres://user:pass@127.0.0.1:5432/db go run ./examples/fleet
+//	IDEM_TEST_POSTGRES=postgres://user:pass@127.0.0.1:5432/db go run ./examples/fleet
 //	go run ./examples/fleet -dsn postgres://user:pass@127.0.0.1:5432/db
+//
+// (IDEM_TEST_POSTGRES is the variable pgstore's tests read, so one URL
+// serves both.)
 package main
 
 import (
@@ -65,10 +68,10 @@ func main() {
 		}
 		return
 	}
-	dsn := flag.String("dsn", os.Getenv("IDEM_POSTGRES"), "PostgreSQL URL of the shared journal (default $IDEM_POSTGRES)")
+	dsn := flag.String("dsn", os.Getenv("IDEM_TEST_POSTGRES"), "PostgreSQL URL of the shared journal (default $IDEM_TEST_POSTGRES)")
 	flag.Parse()
 	if *dsn == "" {
-		fmt.Fprintln(os.Stderr, "fleet: no PostgreSQL given: set IDEM_POSTGRES=postgres://user:pass@host:5432/db or pass -dsn; nothing was run")
+		fmt.Fprintln(os.Stderr, "fleet: no PostgreSQL given: set IDEM_TEST_POSTGRES=postgres://user:pass@host:5432/db or pass -dsn; nothing was run")
 		os.Exit(2)
 	}
 	if err := run(context.Background(), *dsn, os.Stdout); err != nil {
@@ -101,7 +104,24 @@ func replica(name string, orders []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("Resume took %d operation(s) (one under another replica's live lease is left to it)\n", resumed)
+	// Say what Resume left, as the journal has it: operations under
+	// another replica's live lease are that replica's to finish.
+	leased := 0
+	pending, err := client.Pending(ctx, "", 100)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, op := range pending {
+		if op.Owner != "replica-"+name && op.LeaseUntil.After(now) {
+			leased++
+		}
+	}
+	line := fmt.Sprintf("Resume finished %d operation(s)", resumed)
+	if leased > 0 {
+		line += fmt.Sprintf("; it left %d under another replica's live lease to that replica", leased)
+	}
+	fmt.Println(line)
 
 	url := os.Getenv(envURL)
 	for _, order := range orders {
@@ -176,6 +196,7 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 	// order-3 is performed, then held until a is dead.
 	var mu sync.Mutex
 	charges := map[string]int{}
+	chargedBy := map[string]string{} // the replica whose request ran the charge
 	performed, killed := make(chan struct{}), make(chan struct{})
 	provider := idemtest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var order string
@@ -186,6 +207,9 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 		mu.Lock()
 		charges[order]++
 		n := charges[order]
+		if n == 1 {
+			chargedBy[order] = r.Header.Get("X-Replica")
+		}
 		mu.Unlock()
 		if order == "order-3" && r.Header.Get("X-Replica") == "a" {
 			close(performed)
@@ -244,10 +268,12 @@ func run(ctx context.Context, dsn string, out io.Writer) error {
 			return fmt.Errorf("%s: %w", order, err)
 		}
 		mu.Lock()
-		n := charges[order]
+		n, by := charges[order], chargedBy[order]
 		mu.Unlock()
-		fmt.Fprintf(out, "   %s: key %s, %s by %s, %d request(s) under that key, charged %d time(s)\n",
-			order, key, idem.State(state), owner, st.AttemptsByKey[key], n)
+		// owner is the replica that held the operation last and wrote its
+		// finish mark; by is the one whose request the provider ran.
+		fmt.Fprintf(out, "   %s: key %s, %s (finish mark by %s); %d request(s) under that key; charged %d time(s), by replica %s's request\n",
+			order, key, idem.State(state), owner, st.AttemptsByKey[key], n, by)
 		if n != 1 || idem.State(state) != idem.StateSucceeded {
 			bad = append(bad, order)
 		}

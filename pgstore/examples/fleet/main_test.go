@@ -17,6 +17,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	pgtest.Announce("pgstore/examples/fleet")
 	os.Exit(m.Run())
 }
 

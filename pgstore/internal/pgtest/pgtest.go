@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -21,6 +22,16 @@ import (
 // EnvDSN names the environment variable that holds the test server's URL,
 // for example postgres://idem:idem@127.0.0.1:5432/idem_test.
 const EnvDSN = "IDEM_TEST_POSTGRES"
+
+// Announce prints one line to standard error when the tests that need
+// PostgreSQL will skip, so that `go test` (which shows skips only with -v)
+// does not report a bare "ok" for tests that did not run. Call it from
+// TestMain.
+func Announce(pkg string) {
+	if os.Getenv(EnvDSN) == "" && os.Getenv("CI") != "true" {
+		fmt.Fprintf(os.Stderr, "%s: PostgreSQL tests skipped: set %s=postgres://user:pass@127.0.0.1:5432/db to run them\n", pkg, EnvDSN)
+	}
+}
 
 // DSN returns the test server's URL. Without one it skips t, or fails it
 // when CI=true.

@@ -1,0 +1,248 @@
+package idemotel
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemgo/idem"
+)
+
+// Hooks returns the hooks that record metrics, and spans unless
+// WithoutClientSpans was given. Give them to idem.WithHooks; they add to
+// any other hooks the Client has. Give the same hooks to idem.Open (or
+// their JournalCommit to BoltOptions.OnCommit) for the commit histogram.
+func (in *Instrumentation) Hooks() *idem.Hooks {
+	h := in.metricHooks()
+	if in.cfg.clientSpans {
+		spans := in.spanHook(context.Background())
+		metrics := h.AttemptDone
+		h.AttemptDone = func(a idem.AttemptInfo) {
+			metrics(a)
+			spans(a)
+		}
+	}
+	return h
+}
+
+// RequestHooks returns hooks that make a span per request of the requests
+// of ctx, as children of ctx's span, and record no metrics. Give them to
+// idem.WithRequestHooks(ctx, ...).
+func (in *Instrumentation) RequestHooks(ctx context.Context) *idem.Hooks {
+	return &idem.Hooks{AttemptDone: in.spanHook(ctx)}
+}
+
+func (in *Instrumentation) metricHooks() *idem.Hooks {
+	bg := context.Background()
+	return &idem.Hooks{
+		AttemptDone: func(a idem.AttemptInfo) {
+			method := semconv.HTTPRequestMethodKey.String(a.Method)
+			in.attempts.Add(bg, 1, metric.WithAttributes(method, KeyReason.String(a.Reason)))
+			attrs := append(make([]attribute.KeyValue, 0, 6), method)
+			attrs = appendServer(attrs, a.URL)
+			if a.Status != 0 {
+				attrs = append(attrs, semconv.HTTPResponseStatusCode(a.Status))
+			}
+			if a.Protocol != "" {
+				attrs = append(attrs, semconv.NetworkProtocolVersion(a.Protocol))
+			}
+			if et := attemptErrorType(a); et != "" {
+				attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			}
+			in.duration.Record(bg, a.Latency.Seconds(), metric.WithAttributes(attrs...))
+		},
+		RetryScheduled: func(r idem.RetryInfo) {
+			in.retries.Add(bg, 1, metric.WithAttributes(KeyReason.String(r.Reason), KeySource.String(r.Source)))
+		},
+		Settled: func(op idem.OperationInfo) {
+			in.settled.Add(bg, 1, metric.WithAttributes(KeyState.String(op.State.String())))
+		},
+		InDoubt: func(op idem.OperationInfo, err error) {
+			in.inDoubt.Add(bg, 1)
+		},
+		Resumed: func(op idem.OperationInfo, status int, err error) {
+			var attrs []attribute.KeyValue
+			if status != 0 {
+				attrs = append(attrs, semconv.HTTPResponseStatusCode(status))
+			}
+			if err != nil {
+				attrs = append(attrs, semconv.ErrorTypeKey.String(ErrorType(err)))
+			}
+			in.resumed.Add(bg, 1, metric.WithAttributes(attrs...))
+		},
+		Expired: func(op idem.OperationInfo) {
+			in.expired.Add(bg, 1)
+		},
+		JournalCommit: func(c idem.JournalCommitInfo) {
+			in.commit.Record(bg, c.Latency.Seconds())
+			if c.Err != nil {
+				in.journalErrors.Add(bg, 1, metric.WithAttributes(KeyWrite.String("commit"), semconv.ErrorTypeKey.String(ErrorType(c.Err))))
+			}
+		},
+		JournalError: func(e idem.JournalErrorInfo) {
+			in.journalErrors.Add(bg, 1, metric.WithAttributes(KeyWrite.String(e.Write), semconv.ErrorTypeKey.String(ErrorType(e.Err))))
+		},
+	}
+}
+
+// spanHook returns an AttemptDone hook that makes one client span per
+// request, as a child of parent's span unless the request's context has
+// one.
+func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInfo) {
+	return func(a idem.AttemptInfo) {
+		end := in.cfg.now()
+		attrs := append(make([]attribute.KeyValue, 0, 12),
+			semconv.HTTPRequestMethodKey.String(a.Method),
+			semconv.URLFull(in.fullURL(a.URL)),
+			KeyKey.String(a.Key))
+		attrs = appendServer(attrs, a.URL)
+		if a.Name != "" {
+			attrs = append(attrs, KeyOperation.String(a.Name))
+		}
+		if resends := a.Earlier + a.Attempt - 1; resends > 0 {
+			attrs = append(attrs, semconv.HTTPRequestResendCount(resends))
+		}
+		if a.Status != 0 {
+			attrs = append(attrs, semconv.HTTPResponseStatusCode(a.Status))
+		}
+		if a.Protocol != "" {
+			attrs = append(attrs, semconv.NetworkProtocolVersion(a.Protocol))
+		}
+		if a.Reason != "" {
+			attrs = append(attrs, KeyReason.String(a.Reason))
+		}
+		et := attemptErrorType(a)
+		if et != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+		}
+		ctx := parent
+		if a.Context != nil && trace.SpanContextFromContext(a.Context).IsValid() {
+			ctx = a.Context
+		}
+		_, span := in.tracer.Start(ctx, a.Method,
+			trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithTimestamp(end.Add(-a.Latency)),
+			trace.WithAttributes(attrs...))
+		if et != "" {
+			desc := ""
+			if a.Err != nil {
+				desc = a.Err.Error()
+			}
+			span.SetStatus(codes.Error, desc)
+		}
+		span.End(trace.WithTimestamp(end))
+	}
+}
+
+// appendServer appends server.address and server.port of raw, the port
+// defaulted by scheme.
+func appendServer(attrs []attribute.KeyValue, raw string) []attribute.KeyValue {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return attrs
+	}
+	attrs = append(attrs, semconv.ServerAddress(u.Hostname()))
+	port, _ := strconv.Atoi(u.Port())
+	if port == 0 {
+		switch u.Scheme {
+		case "http":
+			port = 80
+		case "https":
+			port = 443
+		}
+	}
+	if port > 0 {
+		attrs = append(attrs, semconv.ServerPort(port))
+	}
+	return attrs
+}
+
+// attemptErrorType is the error.type of an attempt (see the package doc),
+// or "" for one that did not fail.
+func attemptErrorType(a idem.AttemptInfo) string {
+	switch {
+	case a.Status >= 400:
+		return strconv.Itoa(a.Status)
+	case a.Err == nil:
+		return ""
+	case errors.Is(a.Err, context.Canceled):
+		return "canceled"
+	case errors.Is(a.Err, context.DeadlineExceeded):
+		return "timeout"
+	case a.Reason != "" && a.Reason != "context done":
+		return strings.ReplaceAll(a.Reason, " ", "_")
+	}
+	return ErrorType(a.Err)
+}
+
+// ErrorType returns the error.type this package gives err: the name of
+// the idem error or context error it matches (see the package doc), or
+// "_OTHER".
+func ErrorType(err error) string {
+	for _, s := range []struct {
+		err  error
+		name string
+	}{
+		{idem.ErrNoCredentials, "no_credentials"},
+		{idem.ErrExpired, "expired"},
+		{idem.ErrAttemptsExhausted, "attempts_exhausted"},
+		{idem.ErrDeadline, "deadline"},
+		{idem.ErrRetryTimeout, "retry_timeout"},
+		{idem.ErrRetryBudget, "retry_budget"},
+		{idem.ErrNotRetryable, "not_retryable"},
+		{idem.ErrInProgress, "in_progress"},
+		{idem.ErrKeyReused, "key_reused"},
+		{idem.ErrJournalWrite, "journal_write"},
+		{idem.ErrJournalCorrupt, "journal_corrupt"},
+		{idem.ErrClosed, "closed"},
+		{context.Canceled, "canceled"},
+		{context.DeadlineExceeded, "timeout"},
+	} {
+		if errors.Is(err, s.err) {
+			return s.name
+		}
+	}
+	return semconv.ErrorTypeOther.Value.AsString()
+}
+
+// defaultRedacted are the query parameters whose values url.full shows as
+// REDACTED: the conventions' list and idem's default secret parameters.
+var defaultRedacted = []string{"AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature",
+	"api_key", "apikey", "access_token", "token", "key", "secret", "client_secret", "password", "signature"}
+
+// fullURL returns raw for url.full: its query kept, with the values of
+// the redacted parameters replaced by REDACTED, user info (if any) as
+// REDACTED:REDACTED, and no fragment.
+func (in *Instrumentation) fullURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	u.Fragment, u.RawFragment = "", ""
+	if u.User != nil {
+		u.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	if u.RawQuery == "" {
+		return u.String()
+	}
+	parts := strings.Split(u.RawQuery, "&")
+	for i, p := range parts {
+		name, _, ok := strings.Cut(p, "=")
+		if n, err := url.QueryUnescape(name); err == nil {
+			name = n
+		}
+		if ok && in.cfg.redact[name] {
+			parts[i] = p[:strings.IndexByte(p, '=')] + "=REDACTED"
+		}
+	}
+	u.RawQuery = strings.Join(parts, "&")
+	return u.String()
+}
