@@ -84,10 +84,11 @@ func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySourc
 }
 
 // newKey returns a random UUIDv7 (RFC 9562 §5.7): random enough to be
-// unguessable (62 bits from crypto/rand, as google/uuid's NewV7), and time ordered so the
-// journal's B+tree appends on its rightmost leaf. It is formatted into a
-// fixed array, so that a key costs one allocation, its string. The error
-// is always nil: crypto/rand.Read does not fail (Go 1.24 and later).
+// unguessable (62 bits from crypto/rand, as google/uuid's NewV7), and
+// time ordered so the journal's B+tree appends on its rightmost leaf. It
+// is formatted into a fixed array, so that a key costs one allocation,
+// its string. The error is always nil: crypto/rand.Read does not fail
+// (Go 1.24 and later).
 func newKey() (string, error) {
 	var u [16]byte
 	rand.Read(u[8:]) // does not escape: no allocation

@@ -255,11 +255,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // caller fills them in) and the body, at most limit+1 bytes of it: a
 // longer body is cut there for the caller to refuse. size is the body's
 // ContentLength (-1 if unknown), which sizes the buffer so that a body of
-// known length is read into one allocation.
+// known length up to maxPresize is read into one allocation; a larger one
+// grows the buffer as its bytes arrive, so that a client cannot make the
+// server allocate by announcing a length it never sends.
 func readBody(body io.Reader, prefix []byte, limit, size int64) ([]byte, error) {
 	n := int64(512)
 	if size >= 0 {
-		n = min(size, limit) + 1 // +1: room for the read that finds the end
+		n = min(size, limit, maxPresize) + 1 // +1: room for the read that finds the end
 	}
 	b := make([]byte, len(prefix)+8, len(prefix)+8+int(n))
 	copy(b, prefix)
@@ -279,6 +281,9 @@ func readBody(body io.Reader, prefix []byte, limit, size int64) ([]byte, error) 
 	}
 	return b, nil
 }
+
+// maxPresize is the largest body readBody allocates for before reading it.
+const maxPresize = 64 << 10
 
 // bodyReader is a request body read into memory, as the handler gets it.
 type bodyReader struct{ bytes.Reader }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -110,5 +111,34 @@ func TestFingerprintAndScopeUnchanged(t *testing.T) {
 				t.Errorf("scope id %s, want %s", got.id, want)
 			}
 		})
+	}
+}
+
+// TestAnnouncedLengthNotAllocated checks that a request announcing a large
+// Content-Length but sending a few bytes does not make the middleware
+// allocate for the announced length: the buffer grows as bytes arrive.
+func TestAnnouncedLengthNotAllocated(t *testing.T) {
+	m := New(NewMemoryStore())
+	defer m.Close()
+	h := m.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve := func(i int) {
+		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"amount":1}`))
+		r.ContentLength = DefaultMaxBodyBytes // announced, never sent
+		r.Header.Set("Idempotency-Key", "k-"+strings.Repeat("x", i))
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	serve(0)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const n = 10
+	for i := range n {
+		serve(i + 1)
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > DefaultMaxBodyBytes/4 {
+		t.Errorf("a request announcing %d bytes and sending 12 allocated %d bytes", DefaultMaxBodyBytes, per)
 	}
 }
