@@ -3,6 +3,7 @@ module github.com/idemgo/idem/cmd/idem
 go 1.25.0
 
 require (
+	github.com/google/uuid v1.6.0
 	github.com/idemgo/idem v0.0.0
 	github.com/idemgo/idem/pgstore v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -13,7 +14,6 @@ require (
 
 require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/pgstore"
+)
+
+// Tests of the real idem binary on a shared PostgreSQL journal written by
+// an idem Client with pgstore. They need IDEM_TEST_POSTGRES (as pgstore's
+// tests do: pgstore/internal/pgtest, which this module cannot import):
+// without it they skip with a one-line reason, and with CI=true they fail.
+
+const envDSN = "IDEM_TEST_POSTGRES"
+
+// pgJournalSchema returns the test server's URL and a new schema name for
+// t, dropped with everything in it when t ends.
+func pgJournalSchema(t *testing.T) (dsn, schema string) {
+	t.Helper()
+	dsn = os.Getenv(envDSN)
+	if dsn == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set and CI=true: the PostgreSQL tests are required in CI (.ci/run starts a server)", envDSN)
+		}
+		t.Skipf("no PostgreSQL: set %s=postgres://... to run this test", envDSN)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema = "idemcmd_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return dsn, schema
+}
+
+// sharedProvider answers 201, cuts the connection on /lost until healed,
+// and records every request's headers.
+type sharedProvider struct {
+	*httptest.Server
+	healed atomic.Bool
+	mu     sync.Mutex
+	seen   []http.Header
+}
+
+func newSharedProvider(t *testing.T) *sharedProvider {
+	p := &sharedProvider{}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		p.mu.Lock()
+		p.seen = append(p.seen, r.Header.Clone())
+		p.mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/lost") && !p.healed.Load() {
+			panic(http.ErrAbortHandler)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+// sentWith returns the requests whose header name carried value.
+func (p *sharedProvider) sentWith(name, value string) []http.Header {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []http.Header
+	for _, h := range p.seen {
+		if h.Get(name) == value {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// lookAt opens a store of its own on the shared journal, for the test to
+// read what the command did.
+func lookAt(t *testing.T, dsn, schema string) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), dsn, pgstore.WithSchema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// replica is an application's replica on the shared journal; closing its
+// Client closes its store.
+type replica struct {
+	store *pgstore.Store
+	c     *idem.Client
+}
+
+func newReplica(t *testing.T, dsn, schema string, opts ...idem.Option) replica {
+	t.Helper()
+	store, err := pgstore.Open(context.Background(), dsn, pgstore.WithSchema(schema))
+	require.NoError(t, err)
+	opts = append([]idem.Option{
+		idem.WithMaxAttempts(2),
+		idem.WithBackoff(time.Millisecond, time.Millisecond),
+		idem.WithBaseTransport(&http.Transport{DisableKeepAlives: true}),
+	}, opts...)
+	return replica{store, idem.New(store, opts...)}
+}
+
+// pay sends a named payment to url and returns its key.
+func (r replica) pay(t *testing.T, name, url string) string {
+	t.Helper()
+	ctx := idem.WithOperation(context.Background(), name)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"amount":4200}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.c.HTTPClient().Do(req)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	op, err := r.store.Named(context.Background(), name)
+	require.NoError(t, err)
+	return op.Key
+}
+
+// waitLapsed waits, a bounded number of times, until the lease on key has
+// lapsed by the local clock (the replica's lease is short).
+func waitLapsed(t *testing.T, store *pgstore.Store, key string) {
+	t.Helper()
+	for range 100 {
+		op, err := store.Get(context.Background(), key)
+		require.NoError(t, err)
+		if !op.LeaseUntil.After(time.Now()) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("the lease on %s never lapsed", key)
+}
+
+// leasedByLiveReplica journals a pending operation that replica "replica-b",
+// still running, holds for ten more minutes.
+func leasedByLiveReplica(t *testing.T, store *pgstore.Store, url, header string) string {
+	t.Helper()
+	now := time.Now()
+	key := uuid.Must(uuid.NewV7()).String()
+	_, created, err := store.Reserve(context.Background(), idem.Operation{
+		Key: key, KeyHeader: header, Name: "pay:leased", Method: http.MethodPost, URL: url, State: idem.StatePending,
+		Created: now, Updated: now, Attempts: 1, Fingerprint: [32]byte{7},
+		Owner: "replica-b", LeaseUntil: now.Add(10 * time.Minute),
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":1}`),
+	})
+	require.NoError(t, err)
+	require.True(t, created)
+	return key
+}
+
+// keepsPolicy reports whether pgstore keeps the application's policy:
+// resume and gc act only then.
+func keepsPolicy() bool {
+	_, ok := any((*pgstore.Store)(nil)).(idem.PolicyStore)
+	return ok
+}
+
+// TestSharedJournalIsListed: ls, pending, show and stats read a PostgreSQL
+// journal a replica wrote; verify says it checks bbolt files only; the
+// URL's password is never printed; a schema without a journal is refused,
+// not created; expire takes an operation whose replica died.
+func TestSharedJournalIsListed(t *testing.T) {
+	dsn, schema := pgJournalSchema(t)
+	p := newSharedProvider(t)
+	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond))
+	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
+	lostKey := app.pay(t, "pay:lost", p.URL+"/lost")
+	require.NoError(t, app.c.Close())
+	look := lookAt(t, dsn, schema)
+	bin := buildIdem(t, t.TempDir())
+	idemOn := func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
+	}
+	decode := func(v any, args ...string) {
+		t.Helper()
+		code, out, errOut := idemOn(append([]string{"--json"}, args...)...)
+		require.Equal(t, exitOK, code, errOut)
+		require.NoError(t, json.Unmarshal([]byte(out), v), out)
+	}
+	var printed strings.Builder
+
+	var all listing
+	decode(&all, "ls")
+	states := map[string]string{}
+	for _, v := range all.Operations {
+		states[v.Name] = v.State
+	}
+	assert.Equal(t, map[string]string{"pay:ok": "succeeded", "pay:lost": "pending"}, states)
+
+	var pend listing
+	decode(&pend, "pending")
+	require.Len(t, pend.Operations, 1)
+	assert.Equal(t, lostKey, pend.Operations[0].Key)
+	assert.Equal(t, "replica-a", pend.Operations[0].Owner)
+
+	code, out, errOut := idemOn("show", "pay:ok")
+	printed.WriteString(out + errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, okKey)
+	assert.Contains(t, out, "succeeded")
+	code, out, errOut = idemOn("show", "--body", lostKey)
+	printed.WriteString(out + errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, `{"amount":4200}`, "a pending operation's journaled body")
+
+	var st statsView
+	decode(&st, "stats")
+	assert.Equal(t, 1, st.ByState["pending"])
+	assert.Equal(t, 1, st.ByState["succeeded"])
+	code, out, errOut = idemOn("stats")
+	printed.WriteString(out + errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "schema "+schema)
+
+	code, _, errOut = idemOn("verify")
+	printed.WriteString(errOut)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "bbolt")
+
+	code, _, errOut = runBin(t, bin, "--journal", dsn, "--schema", schema+"_none", "ls")
+	printed.WriteString(errOut)
+	assert.Equal(t, exitFailed, code)
+	assert.Contains(t, errOut, "no journal at")
+	var created bool
+	require.NoError(t, look.Pool().QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema+"_none").Scan(&created))
+	assert.False(t, created, "the command never creates a journal")
+
+	// The replica died: its lease lapses, and the operator gives up.
+	waitLapsed(t, look, lostKey)
+	code, out, errOut = idemOn("expire", "pay:lost")
+	printed.WriteString(out + errOut)
+	require.Equal(t, exitOK, code, errOut)
+	op, err := look.Get(context.Background(), lostKey)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateExpired, op.State)
+
+	if u, _ := strings.CutPrefix(dsn, "postgres://"); strings.Contains(u, ":") && strings.Contains(u, "@") {
+		userinfo := u[:strings.Index(u, "@")]
+		assert.NotContains(t, printed.String(), userinfo, "the URL's password is never printed")
+	}
+}
+
+// TestSharedJournalNeverTakesALiveLease: an operation a running replica
+// holds is neither expired nor resent by the command; pending says so.
+func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
+	dsn, schema := pgJournalSchema(t)
+	p := newSharedProvider(t)
+	p.healed.Store(true)
+	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"))
+	leased := leasedByLiveReplica(t, app.store, p.URL+"/lost-leased", "Idempotency-Key")
+	bin := buildIdem(t, t.TempDir())
+	idemOn := func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
+	}
+
+	code, out, errOut := idemOn("pending")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "leased: a replica may be sending it")
+	assert.Contains(t, out, "1 under a live lease")
+
+	code, _, errOut = idemOn("expire", leased)
+	assert.Equal(t, exitFailed, code)
+	assert.Contains(t, errOut, "under a live lease of replica-b")
+
+	code, _, errOut = idemOn("resume")
+	if !keepsPolicy() {
+		assert.Equal(t, exitFailed, code)
+		assert.Contains(t, errOut, "does not keep the application's policy")
+	} else {
+		assert.Equal(t, exitOK, code, errOut)
+	}
+	assert.Empty(t, p.sentWith("Idempotency-Key", leased), "nothing is sent under another replica's live lease")
+	op, err := app.store.Get(context.Background(), leased)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, op.State)
+	assert.Equal(t, "replica-b", op.Owner)
+	require.NoError(t, app.c.Close())
+}
