@@ -199,6 +199,9 @@ func (c *cli) resume(o resumeOptions) error {
 			sum.Skipped++
 		}
 	})
+	if c.shared() {
+		c.release(s, results)
+	}
 	if err := client.Close(); err != nil {
 		rerr = errors.Join(rerr, err)
 	}
@@ -297,4 +300,20 @@ func readHeaderFile(path string, env func(string) (string, bool)) ([]credential,
 		return nil, fmt.Errorf("%s: no headers", path)
 	}
 	return out, nil
+}
+
+// release ends the command's lease on the operations resume took and left
+// pending (skipped, or failed without an answer), so that the replicas'
+// Resume may take them at once rather than when the lease lapses.
+func (c *cli) release(s idem.KeyStore, results []resumeResult) {
+	now := c.storeNow(s)
+	for _, r := range results {
+		if r.State != idem.StatePending.String() {
+			continue
+		}
+		err := s.Renew(c.ctx, r.Key, idem.Lease{Owner: owner(), At: now, Until: now})
+		if err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrNotFound) {
+			fmt.Fprintf(c.err, "idem: releasing operation %s: %v (its lease lapses within %s)\n", cell(r.Key), err, commandLease)
+		}
+	}
 }
