@@ -24,6 +24,14 @@ var (
 	// cannot be reached at all (a database that is down). A request whose
 	// reservation fails this way is not sent.
 	ErrJournalWrite = errors.New("idem: journal write failed")
+	// ErrOutcomeUnknown is returned when a change went to the journal and
+	// its answer was lost (a connection that broke or a deadline that
+	// passed after the change was sent): it may be durable or not. A
+	// request whose reservation fails this way is not sent by this call,
+	// but its key may be journaled: the *Error carries that key with
+	// StatePending, the operation is in doubt, and a re-drive of its name
+	// or key, or Resume, finishes it. It never matches ErrJournalWrite.
+	ErrOutcomeUnknown = errors.New("idem: journal change sent, outcome unknown")
 	// ErrClosed is returned when the journal or Client was closed.
 	ErrClosed = errors.New("idem: closed")
 	// ErrLeaseLost is returned by KeyStore.Renew when the operation is no

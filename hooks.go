@@ -286,7 +286,7 @@ func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInf
 // journalFault reports whether err, from a reservation, says the journal
 // could not be read or written (rather than, say, a key in use).
 func journalFault(err error) bool {
-	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion)
+	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion) || errors.Is(err, ErrOutcomeUnknown)
 }
 
 // info returns the operation's OperationInfo in state.

@@ -131,6 +131,9 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	j.stamp(op)
 	rec, created, err := j.store.Reserve(ctx, *op)
+	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
+		return nil, nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
+	}
 	if err != nil {
 		return nil, nil, &Error{Name: op.Name, Cause: journalCause(err), Err: unjournaled{err, op.Key}}
 	}
@@ -168,6 +171,9 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
+	}
+	if errors.Is(err, ErrOutcomeUnknown) { // it may be pending under this lease now
+		rec.State = StatePending
 	}
 	if err != nil {
 		return fail(journalCause(err), err)
@@ -208,7 +214,7 @@ func (u unjournaled) Unwrap() error { return u.err }
 
 // journalCause returns the sentinel a store error matches, for Error.Cause.
 func journalCause(err error) error {
-	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
+	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrOutcomeUnknown, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
 		if errors.Is(err, s) {
 			return s
 		}

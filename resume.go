@@ -117,6 +117,7 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 					continue
 				}
 				if op.Updated.After(cutoff) {
+					j.releaseClaim(ctx, op) // too recent: leave it to others at once
 					continue
 				}
 				select {
@@ -336,5 +337,21 @@ func (c *Client) resumeLoop() {
 				c.t.cfg.logger.Warn("idem: background resume", "exception.message", err)
 			}
 		}
+	}
+}
+
+// releaseClaim ends the lease Claim gave this Client on op, which Resume
+// does not send, so that no one waits for it: a caller's re-drive, or
+// another replica's Resume, may take it at once. An operation in flight
+// in this process keeps its caller's lease.
+func (j *journal) releaseClaim(ctx context.Context, op Operation) {
+	ids := flightIDs(op.Key, op.Name)
+	if wait, _ := j.flight.acquire(&ids); wait != nil {
+		return
+	}
+	defer j.flight.release(ids)
+	now := j.now()
+	if err := j.store.Renew(ctx, op.Key, Lease{Owner: j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
+		j.log.Warn("idem: releasing a claimed operation", "idem.key", op.Key, "err", err)
 	}
 }

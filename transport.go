@@ -172,6 +172,9 @@ func (t *Transport) reserve(req *http.Request) (*operation, *http.Request, error
 		if journalFault(err) {
 			t.j.reserveFailed(ctx, hooksFor(ctx, t.cfg.hooks), &op, err)
 		}
+		if ie := (*Error)(nil); errors.As(err, &ie) && ie.Cause == ErrOutcomeUnknown {
+			t.j.recent.add(mk, ie.Key) // its resend must find the key that may be journaled
+		}
 		return nil, nil, err
 	}
 	o.hooks = hooksFor(ctx, t.cfg.hooks)

@@ -37,6 +37,12 @@ import (
 // with no key on the wire that the journal does not hold and nothing left
 // pending.
 //
+// Between each replica and PostgreSQL sits a proxy of the test's own that
+// stalls, cuts, refuses and swallows the answer to a reservation after
+// PostgreSQL committed it (-fleet.dbfaults), and two of the three replicas
+// pass times 30 s ahead and 30 s behind (pgstore.WithSkew): leases are
+// judged by the database's clock. The final replica has a clean path.
+//
 // The default is small enough for CI. The long variant:
 //
 //	go test -run '^TestFleetChaos$' -v -fleet.ops=5000 -fleet.kills=30 -timeout=30m .
@@ -45,6 +51,7 @@ var (
 	fleetKills   = flag.Int("fleet.kills", 6, "fleet chaos test: SIGKILLs over all replicas")
 	fleetWorkers = flag.Int("fleet.workers", 4, "fleet chaos test: payments in flight per replica")
 	fleetSeed    = flag.Uint64("fleet.seed", 0, "fleet chaos test: seed of faults and kill points (0: random)")
+	fleetDB      = flag.Bool("fleet.dbfaults", true, "fleet chaos test: faults between the replicas and PostgreSQL, and skewed replicas")
 )
 
 // Environment of a fleet child.
@@ -58,6 +65,7 @@ const (
 	envFleetReplica  = "IDEM_FLEET_REPLICA"  // 0, 1, 2: where in the order list the replica starts
 	envFleetLifetime = "IDEM_FLEET_LIFETIME" // a time.Duration: the child exits on its own after it
 	envFleetLocal    = "IDEM_FLEET_LOCAL"    // "1": a broken fleet, each replica with a journal of its own in memory
+	envFleetSkew     = "IDEM_FLEET_SKEW"     // a time.Duration: the replica's times are that far off
 	// fleetLease is the replicas' lease: a killed replica's operations wait
 	// that long before another replica may send them.
 	fleetLease    = time.Second
@@ -107,9 +115,17 @@ func fleetChild() int {
 	replicaIdx, _ := strconv.Atoi(os.Getenv(envFleetReplica))
 	url := os.Getenv(envFleetURL)
 
-	store, err := pgstore.Open(ctx, os.Getenv(envFleetDSN), pgstore.WithSchema(os.Getenv(envFleetSchema)))
-	if err != nil {
-		return fatal(err)
+	skew, _ := time.ParseDuration(os.Getenv(envFleetSkew))
+	var store *pgstore.Store
+	for try := 0; ; try++ { // the path to PostgreSQL may be faulty
+		store, err = pgstore.Open(ctx, os.Getenv(envFleetDSN), pgstore.WithSchema(os.Getenv(envFleetSchema)), pgstore.WithSkew(skew))
+		if err == nil {
+			break
+		}
+		if try == 20 {
+			return fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	var journal idem.KeyStore = store
 	local := os.Getenv(envFleetLocal) == "1"
@@ -131,11 +147,7 @@ func fleetChild() int {
 	}
 	todo := 0
 	for i := range n {
-		done, err := succeeded(i)
-		if err != nil {
-			return fatal(err)
-		}
-		if !done {
+		if done, err := succeeded(i); err != nil || !done { // an error (a faulty path) counts as to do
 			todo++
 		}
 	}
@@ -158,7 +170,7 @@ func fleetChild() int {
 		}
 		crashtest.Emit("resumed", op.Name, status)
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, idem.ErrJournalWrite) && !errors.Is(err, idem.ErrOutcomeUnknown) && !errors.Is(err, context.DeadlineExceeded) {
 		return fatal(err)
 	}
 
@@ -189,7 +201,10 @@ func fleetChild() int {
 	close(jobs)
 	wg.Wait()
 	if err := client.Close(); err != nil {
-		return fatal(err)
+		if !errors.Is(err, idem.ErrJournalWrite) {
+			return fatal(err)
+		}
+		return 1 // marks not written: the operations stay pending for the next replica
 	}
 	if failed > 0 {
 		return 1
@@ -242,13 +257,52 @@ type fleetResult struct {
 	elapsed                                 time.Duration
 }
 
+// fleetDBFaults breaks p now and then until stop: it stalls it, cuts its
+// connections, refuses them for a moment, or lets the next reservation's
+// statement through and swallows its answer (then cuts that connection,
+// so that its replica learns of it).
+func fleetDBFaults(p *proxy, rng *rand.Rand, stop <-chan struct{}, mu *sync.Mutex, counts *[4]int) {
+	pause := func(d time.Duration) bool {
+		select {
+		case <-stop:
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	for pause(time.Duration(100+rng.IntN(400)) * time.Millisecond) {
+		kind := rng.IntN(4)
+		mu.Lock()
+		counts[kind]++
+		mu.Unlock()
+		switch kind {
+		case 0:
+			p.Stall()
+			pause(time.Duration(200+rng.IntN(800)) * time.Millisecond)
+			p.Flow()
+		case 1:
+			p.Cut()
+		case 2:
+			p.Down()
+			pause(time.Duration(100+rng.IntN(200)) * time.Millisecond)
+			p.Up()
+		case 3:
+			p.SwallowAfter("pay:order-")
+			pause(300 * time.Millisecond)
+			p.Cut()
+		}
+	}
+	p.Flow()
+	p.Up()
+}
+
 func TestFleetChaos(t *testing.T) {
 	seed := *fleetSeed
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
 	t.Logf("fleet chaos seed %d (rerun with -fleet.seed=%d)", seed, seed)
-	cfg := fleetConfig{ops: *fleetOps, kills: *fleetKills, workers: *fleetWorkers, seed: seed}
+	cfg := fleetConfig{ops: *fleetOps, kills: *fleetKills, workers: *fleetWorkers, seed: seed, dbFaults: *fleetDB}
 	res := runFleet(t, cfg)
 	assert.Zero(t, res.duplicates, "orders charged more than once")
 	assert.Zero(t, res.lost, "orders never charged")
@@ -277,6 +331,7 @@ type fleetConfig struct {
 	ops, kills, workers int
 	seed                uint64
 	local               bool // each replica journals in memory, on its own
+	dbFaults            bool // faults between replicas and PostgreSQL, skewed replicas
 }
 
 // runFleet runs the fleet scenario and returns what it found; it fails t
@@ -312,19 +367,45 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	defer srv.Close()
 
 	lifetime := 3*time.Minute + time.Duration(cfg.ops)*20*time.Millisecond
-	env := func(replica int) []string {
+	// Each replica slot reaches PostgreSQL through a proxy of its own,
+	// faulty while the slot's replicas run.
+	var mu sync.Mutex
+	paths := make([]string, fleetReplicas)
+	stopFaults := make(chan struct{})
+	var faultsWG sync.WaitGroup
+	var dbFaults [4]int // stalls, cuts, refusals, swallowed answers
+	for r := range fleetReplicas {
+		paths[r] = dsn
+		if !cfg.dbFaults {
+			continue
+		}
+		p, through := newProxy(t, dsn)
+		paths[r] = through
+		rng := rand.New(rand.NewPCG(seed, uint64(100+r)))
+		faultsWG.Go(func() { fleetDBFaults(p, rng, stopFaults, &mu, &dbFaults) })
+	}
+	skews := []time.Duration{0, 30 * time.Second, -30 * time.Second}
+	// env is a child's environment; a clean one reaches PostgreSQL
+	// without faults and with its own clock.
+	env := func(replica int, clean bool) []string {
+		path := dsn
+		if !clean {
+			path = paths[replica]
+		}
 		e := []string{
-			envFleetDSN + "=" + dsn, envFleetSchema + "=" + schema, envFleetURL + "=" + srv.URL,
+			envFleetDSN + "=" + path, envFleetSchema + "=" + schema, envFleetURL + "=" + srv.URL,
 			envFleetOps + "=" + strconv.Itoa(cfg.ops), envFleetWorkers + "=" + strconv.Itoa(cfg.workers),
 			envFleetReplica + "=" + strconv.Itoa(replica), envFleetLifetime + "=" + lifetime.String(),
 		}
 		if cfg.local {
 			e = append(e, envFleetLocal+"=1")
 		}
+		if cfg.dbFaults && !clean {
+			e = append(e, envFleetSkew+"="+skews[replica].String())
+		}
 		return e
 	}
 	// scan counts a child's lines; it reports whether the child completed.
-	var mu sync.Mutex
 	res := fleetResult{ops: cfg.ops}
 	scan := func(lines []string) bool {
 		mu.Lock()
@@ -355,7 +436,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		rng := rand.New(rand.NewPCG(seed, uint64(r)))
 		wg.Go(func() {
 			for k := 0; k < kills; k++ {
-				child := crashtest.Start(t, modeFleet, env(r)...)
+				child := crashtest.Start(t, modeFleet, env(r, false)...)
 				first, ok := child.Next()
 				if !ok {
 					t.Errorf("replica %d ended before saying anything", r)
@@ -375,7 +456,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 					mu.Unlock()
 				}
 			}
-			child := crashtest.Start(t, modeFleet, env(r)...)
+			child := crashtest.Start(t, modeFleet, env(r, false)...)
 			lines, err := child.Wait()
 			if !scan(lines) {
 				t.Logf("replica %d did not complete: %v", r, err)
@@ -383,8 +464,10 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		})
 	}
 	wg.Wait()
-	// The last replica standing finishes what is left.
-	final := crashtest.Start(t, modeFleet, env(0)...)
+	close(stopFaults)
+	faultsWG.Wait()
+	// The last replica standing finishes what is left, on a clean path.
+	final := crashtest.Start(t, modeFleet, env(0, true)...)
 	lines, err := final.Wait()
 	require.NoError(t, err, "final replica")
 	require.True(t, scan(lines), "the final replica completed")
@@ -426,6 +509,9 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		if !journaled[k] {
 			res.foreignKeys++
 		}
+	}
+	if cfg.dbFaults {
+		t.Logf("fleet chaos seed %d: database path faults %v (stalls, cuts, refusals, swallowed answers), replicas' times off by %v", seed, dbFaults, skews)
 	}
 	t.Logf("fleet chaos seed %d: %d orders, %d replicas, %d SIGKILLs over %d replica processes, %d operations resumed; "+
 		"%d requests (%.2f per order), %d charges, %d replays, %d conflicts, faults %v; "+

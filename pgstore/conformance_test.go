@@ -17,9 +17,9 @@ import (
 func TestConformance(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	storetest.TestKeyStore(t, storetest.Config{
-		Open: func(t *testing.T) idem.KeyStore { return openStore(t) },
+		Open: func(t *testing.T) idem.KeyStore { return openStore(t, pgstore.WithCallerLeaseTimes()) },
 		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
-			s, err := pgstore.Open(testContext(t), dsn, pgstore.WithSchema(closed.(*pgstore.Store).Schema()))
+			s, err := pgstore.Open(testContext(t), dsn, pgstore.WithSchema(closed.(*pgstore.Store).Schema()), pgstore.WithCallerLeaseTimes())
 			require.NoError(t, err)
 			return s
 		},

@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem"
 )
@@ -27,35 +26,41 @@ const reserveTries = 4
 
 // check returns an error if ctx is done or the store is closed.
 func (s *Store) check(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	if s.closed.Load() {
 		return idem.ErrClosed
 	}
-	return nil
+	return ctx.Err()
 }
 
-// ready is check for every method but Attempt and Finish: it also writes
-// the marks waiting to be written again first, so that reads see them and
-// later changes apply after them. When they cannot be written, neither
-// can this call's change: it fails with idem.ErrJournalWrite.
+// ready is check for every method but Attempt and Finish: it also waits,
+// within ctx, for the accepted marks still waiting to be written, so that
+// reads see them and later changes apply after them. When they cannot be
+// written in time, neither can this call's change: it fails with
+// idem.ErrJournalWrite.
 func (s *Store) ready(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if s.marks.waiting() {
-		if err := s.marks.flush(ctx); err != nil {
-			return fmt.Errorf("pgstore: writing accepted changes: %w: %w", idem.ErrJournalWrite, err)
-		}
-	}
-	return nil
+	return s.marks.ready(ctx)
 }
 
-// dbError wraps an error from PostgreSQL: the journal could not be
-// reached or could not take the change.
-func dbError(what, key string, err error) error {
-	return fmt.Errorf("pgstore: %s %s: %w: %w", what, key, idem.ErrJournalWrite, err)
+// callTimeout bounds a call whose context has no earlier deadline.
+const callTimeout = 30 * time.Second
+
+// bind returns ctx, also cancelled when Close gives up on PostgreSQL, and
+// with a deadline bound from now unless ctx ends sooner (bound 0:
+// callTimeout). Every statement runs under such a context, so no call
+// outlives its bound or Close's, whatever the context it was given.
+func (s *Store) bind(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
+	if bound <= 0 {
+		bound = callTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	stop := context.AfterFunc(s.base, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // nanos and fromNanos convert times to the Unix nanoseconds of a row, 0
@@ -98,12 +103,15 @@ type row struct {
 	lastStatus                               int32
 	created, updated, leaseUntil             int64
 	redacted, unreplayable                   bool
+	incarnation                              string
+	reserveID                                int64
+	keyHeader                                string
 }
 
 func (r *row) dest() []any {
 	return []any{&r.key, &r.name, &r.version, &r.method, &r.url, &r.host, &r.fingerprint, &r.state,
 		&r.attempts, &r.lastStatus, &r.lastError, &r.created, &r.updated, &r.owner,
-		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body}
+		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID, &r.keyHeader}
 }
 
 // operation checks the row and returns it as an Operation. A row it cannot
@@ -125,7 +133,7 @@ func (r *row) operation() (idem.Operation, error) {
 		return idem.Operation{}, corrupt(fmt.Sprintf("state %d", r.state))
 	}
 	op := idem.Operation{
-		Key: r.key, Method: r.method, URL: r.url, Host: r.host, State: st,
+		Key: r.key, KeyHeader: r.keyHeader, Method: r.method, URL: r.url, Host: r.host, State: st,
 		Attempts: int(r.attempts), LastStatus: int(r.lastStatus), LastError: r.lastError,
 		Created: fromNanos(r.created), Updated: fromNanos(r.updated),
 		Owner: r.owner, LeaseUntil: fromNanos(r.leaseUntil),
@@ -152,6 +160,8 @@ func (r *row) operation() (idem.Operation, error) {
 // Reservations made at the same moment share a round trip and a commit
 // (see reserver).
 func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
+	ctx, cancel := s.bind(ctx, reserveTimeout)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
@@ -162,98 +172,89 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
 	}
+	id := s.reserveIDs.Add(1)
+	if s.skew != 0 {
+		op.Created, op.Updated = op.Created.Add(s.skew), op.Updated.Add(s.skew)
+		if !op.LeaseUntil.IsZero() {
+			op.LeaseUntil = op.LeaseUntil.Add(s.skew)
+		}
+	}
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
-		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
-		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body}
-	res := s.reserver.do(ctx, op, args)
+		int64(op.Attempts), int32(op.LastStatus), cleanText(op.LastError), nanos(op.Created), nanos(op.Updated), op.Owner,
+		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader}
+	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
-		return s.reserveOne(ctx, op, args)
+		return s.reserveOne(ctx, op, id, args, res.doubt)
 	}
 	return res.rec, res.created, res.err
 }
 
-// reserveOne is Reserve's statement, run on its own.
-func (s *Store) reserveOne(ctx context.Context, op idem.Operation, args []any) (idem.Operation, bool, error) {
-	for range reserveTries {
+// reserveOne is Reserve's statement, run on its own. doubt says that an
+// earlier try may have committed the row. A try whose answer was lost is
+// made again: it finds the row if the lost one committed it. When no try
+// answers, the error matches idem.ErrOutcomeUnknown if one may have been
+// carried out, and idem.ErrJournalWrite if none was.
+func (s *Store) reserveOne(ctx context.Context, op idem.Operation, id int64, args []any, doubt bool) (idem.Operation, bool, error) {
+	last := errors.New("the conflicting row kept changing")
+	for try := range reserveTries {
+		if try > 0 && doubt && !sleep(ctx, time.Duration(try)*markRetryMin) {
+			break
+		}
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			last = err // nothing sent
+			break
+		}
 		var r row
 		var created bool
-		err := s.pool.QueryRow(ctx, s.q.reserve, args...).Scan(append(r.dest(), &created)...)
+		err = conn.QueryRow(ctx, s.q.reserve, args...).Scan(append(r.dest(), &created)...)
+		conn.Release()
 		switch {
+		case err == nil:
+			return s.reserved(op, id, &r, created)
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // lost a race to a row committed after the snapshot
-		case err != nil:
-			return idem.Operation{}, false, dbError("reserve", op.Key, err)
+		case maybeSent(err):
+			doubt, last = true, err
+			continue
 		}
-		return reserved(op, &r, created)
+		last = err
+		break
 	}
-	return idem.Operation{}, false, dbError("reserve", op.Key, errors.New("the conflicting row kept changing"))
+	if doubt {
+		return idem.Operation{}, false, unknownError("reserve", op.Key, last)
+	}
+	return idem.Operation{}, false, dbError("reserve", op.Key, last)
 }
 
-// reserved returns Reserve's result for op from the row its statement
-// returned.
-func reserved(op idem.Operation, r *row, created bool) (idem.Operation, bool, error) {
-	if created {
+// sleep waits d, or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reserved returns Reserve's result for op, the reservation numbered id,
+// from the row its statement returned. A row that this store wrote for
+// this very reservation (its incarnation and id) is the row of an earlier
+// try whose answer was lost: it is reported created.
+func (s *Store) reserved(op idem.Operation, id int64, r *row, created bool) (idem.Operation, bool, error) {
+	if created || r.reserveID == id && r.incarnation == s.incarnation && r.key == op.Key {
 		return op, true, nil // shares op.Header and op.Body, as the contract allows
 	}
 	rec, err := r.operation()
 	return rec, false, err
 }
 
-// Acquire implements idem.KeyStore.
-func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header http.Header, body []byte) (idem.Operation, error) {
-	if err := s.ready(ctx); err != nil {
-		return idem.Operation{}, err
-	}
-	h, err := encodeHeader(header)
-	if err != nil {
-		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
-	}
-	var r row
-	err = s.pool.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, body, nanos(l.At)).Scan(r.dest()...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Operation{}, s.whyNot(ctx, "acquire", key, idem.ErrInProgress)
-	}
-	if err != nil {
-		return idem.Operation{}, dbError("acquire", key, err)
-	}
-	return r.operation()
-}
-
-// whyNot explains why a lease change matched no row: there is none
-// (idem.ErrNotFound), or refused, naming the state or the holder.
-func (s *Store) whyNot(ctx context.Context, what, key string, refused error) error {
-	var state int16
-	var owner string
-	var until int64
-	err := s.pool.QueryRow(ctx, s.q.leaseOf, key).Scan(&state, &owner, &until)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("pgstore: %s %s: %w", what, key, idem.ErrNotFound)
-	case err != nil:
-		return dbError(what, key, err)
-	case idem.State(state) != idem.StatePending:
-		return fmt.Errorf("pgstore: %s %s: operation is %s: %w", what, key, idem.State(state), refused)
-	}
-	return fmt.Errorf("pgstore: %s %s: leased to %q until %s: %w", what, key, owner, fromNanos(until).Format(time.RFC3339Nano), refused)
-}
-
-// Renew implements idem.KeyStore.
-func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
-	if err := s.ready(ctx); err != nil {
-		return err
-	}
-	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until))
-	if err != nil {
-		return dbError("renew", key, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return s.whyNot(ctx, "renew", key, idem.ErrLeaseLost)
-	}
-	return nil
-}
-
 // Get implements idem.KeyStore.
 func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
@@ -268,20 +269,27 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 	return r.operation()
 }
 
-// Attempt implements idem.KeyStore. The change is committed
-// asynchronously (see the package documentation); if PostgreSQL cannot
-// take it now, it is kept and written again until it is, and Attempt still
-// returns nil: the change is accepted.
+// Attempt implements idem.KeyStore. It returns once PostgreSQL took the
+// change, committed asynchronously (see the package documentation), or,
+// if it could not within ctx or 2 seconds, once the change is queued in
+// this process: it is then written in the background, and a crash of
+// this process before that loses it. Its error text is stored as valid
+// UTF-8 of at most 2 KiB.
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.mark(mark{what: "attempt", key: key, sql: s.q.attempt,
-		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At)}})
+	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
+		args: []any{key, int64(a.Sent), int32(a.Status), cleanText(a.Err), nanos(a.At)}})
 }
 
-// Finish implements idem.KeyStore. The change is committed as Attempt's
-// is.
+// Finish implements idem.KeyStore, with Attempt's durability: when it
+// returns nil the outcome is committed (asynchronously) or, if PostgreSQL
+// did not take it within ctx or 2 seconds, held in this process's memory
+// and written as soon as PostgreSQL takes it. A crash of this process in
+// that time loses the outcome: the operation is still pending, and
+// Resume, on any replica, sends it again under its key, so the provider
+// replays its answer; the caller's response was delivered already.
 func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
@@ -289,28 +297,18 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
 	}
-	return s.mark(mark{what: "finish", key: key, sql: s.q.finish,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At)}})
+	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(o.At)}})
 }
 
 // Pending implements idem.KeyStore.
 func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	return s.collect(ctx, "pending", s.q.pending, after, limitArg(limit))
-}
-
-// Claim implements idem.KeyStore. It is one statement: a select of the
-// claimable rows FOR UPDATE SKIP LOCKED and an update of their lease.
-func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int) ([]idem.Operation, error) {
-	if err := s.ready(ctx); err != nil {
-		return nil, err
-	}
-	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until))
-	// UPDATE ... RETURNING returns rows in no particular order.
-	slices.SortFunc(ops, func(a, b idem.Operation) int { return strings.Compare(a.Key, b.Key) })
-	return ops, err
 }
 
 func limitArg(limit int) any {
@@ -350,22 +348,42 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 }
 
 // Sweep implements idem.KeyStore.
+// It deletes in chunks of opSweepChunk rows, each one statement bounded as
+// every call is, so that a large sweep makes progress and a stalled one
+// ends.
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
-	if err := s.ready(ctx); err != nil {
+	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, s.q.sweep, nanos(cutoff))
-	if err != nil {
-		return 0, dbError("sweep", "", err)
+	n := 0
+	for {
+		cctx, cancel := s.bind(ctx, 0)
+		err := s.ready(cctx)
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = s.pool.Exec(cctx, s.q.sweep, nanos(cutoff), opSweepChunk)
+		}
+		cancel()
+		if err != nil {
+			return n, dbError("sweep", "", err)
+		}
+		n += int(tag.RowsAffected())
+		if tag.RowsAffected() < opSweepChunk {
+			return n, nil
+		}
 	}
-	return int(tag.RowsAffected()), nil
 }
+
+// opSweepChunk is how many rows one statement of Sweep deletes at most.
+const opSweepChunk = 10000
 
 // LastChange returns when the journal last changed: the latest Updated of
 // its records, as the replicas' clocks wrote it, or the zero time for an
 // empty journal. A Client reads it when it opens the store, so that a clock
 // set ahead does not sweep records away (see idem.KeyStore).
 func (s *Store) LastChange(ctx context.Context) (time.Time, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return time.Time{}, err
 	}

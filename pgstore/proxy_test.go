@@ -1,24 +1,39 @@
 package pgstore_test
 
 import (
-	"io"
+	"bytes"
 	"net"
 	"net/url"
 	"sync"
 	"testing"
 )
 
-// proxy is a loopback TCP proxy in front of PostgreSQL that a test can cut:
-// Down closes every connection and refuses new ones, as a server that died
-// or became unreachable; Up lets connections through again; Cut closes the
-// current connections only, as a restart does.
+// proxy is a loopback TCP proxy in front of PostgreSQL that a test can
+// break in the ways a network breaks: Down closes every connection and
+// refuses new ones, as a server that died or became unreachable; Cut
+// closes the current connections only, as a restart does; Stall holds
+// every byte in both directions (a black hole, or a table lock as the
+// client sees it) until Flow; SwallowAfter lets one statement through
+// and drops every reply on its connection from then on, so that
+// PostgreSQL commits a change whose answer never arrives.
 type proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when stalled or a link's state changes
+	down    bool
+	stalled bool
+	closed  bool
+	swallow []byte // a client chunk containing it triggers swallowing
+	links   map[*link]struct{}
+	wg      sync.WaitGroup
+}
+
+// link is one client connection and its connection to the server.
+type link struct {
+	client, server net.Conn
+	dead           bool // closed by Cut; guarded by proxy.mu
+	swallowing     bool // replies are dropped; guarded by proxy.mu
 }
 
 // newProxy starts a proxy to dsn's host and returns it with a DSN that
@@ -33,7 +48,8 @@ func newProxy(t *testing.T, dsn string) (*proxy, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: u.Host, conns: make(map[net.Conn]struct{})}
+	p := &proxy{ln: ln, target: u.Host, links: make(map[*link]struct{})}
+	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -49,42 +65,84 @@ func (p *proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		if p.down {
+		if p.down || p.closed {
 			p.mu.Unlock()
 			c.Close()
 			continue
 		}
+		p.mu.Unlock()
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
-			p.mu.Unlock()
 			c.Close()
 			continue
 		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		l := &link{client: c, server: up}
+		p.mu.Lock()
+		p.links[l] = struct{}{}
 		p.wg.Add(2)
 		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(l, true)
+		go p.pipe(l, false)
 	}
 }
 
-func (p *proxy) pipe(dst, src net.Conn) {
+// pipe copies one direction of l, chunk by chunk, holding each chunk
+// while the proxy is stalled and dropping replies once l swallows.
+func (p *proxy) pipe(l *link, toServer bool) {
 	defer p.wg.Done()
-	io.Copy(dst, src)
-	dst.Close()
-	src.Close()
+	src, dst := l.server, l.client
+	if toServer {
+		src, dst = l.client, l.server
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.stalled && !p.closed && !l.dead {
+				p.cond.Wait()
+			}
+			stop := p.closed || l.dead
+			if toServer && p.swallow != nil && bytes.Contains(buf[:n], p.swallow) {
+				p.swallow, l.swallowing = nil, true
+			}
+			drop := !toServer && l.swallowing
+			p.mu.Unlock()
+			if stop {
+				break
+			}
+			if !drop {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
+	p.kill(l)
 	p.mu.Unlock()
+}
+
+// kill closes l's connections; p.mu is held.
+func (p *proxy) kill(l *link) {
+	if !l.dead {
+		l.dead = true
+		l.client.Close()
+		l.server.Close()
+		delete(p.links, l)
+		p.cond.Broadcast()
+	}
 }
 
 // Cut closes every connection through the proxy.
 func (p *proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
+	for l := range p.links {
+		p.kill(l)
 	}
 }
 
@@ -103,8 +161,40 @@ func (p *proxy) Up() {
 	p.mu.Unlock()
 }
 
+// Stall holds every byte in both directions, on current and new
+// connections, until Flow.
+func (p *proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Flow ends a Stall: what was held goes through.
+func (p *proxy) Flow() {
+	p.mu.Lock()
+	p.stalled = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// SwallowAfter arms the proxy: the next chunk a client sends that contains
+// marker goes to the server, and every reply on that connection from then
+// on is dropped. The connection stays open, so the client waits for an
+// answer that never comes.
+func (p *proxy) SwallowAfter(marker string) {
+	p.mu.Lock()
+	p.swallow = []byte(marker)
+	p.mu.Unlock()
+}
+
 func (p *proxy) close() {
 	p.ln.Close()
-	p.Cut()
+	p.mu.Lock()
+	p.closed = true
+	for l := range p.links {
+		p.kill(l)
+	}
+	p.cond.Broadcast()
+	p.mu.Unlock()
 	p.wg.Wait()
 }

@@ -11,7 +11,7 @@ import (
 var columns = []string{
 	"key", "name", "version", "method", "url", "host", "fingerprint", "state",
 	"attempts", "last_status", "last_error", "created", "updated", "owner",
-	"lease_until", "redacted", "unreplayable", "header", "body",
+	"lease_until", "redacted", "unreplayable", "header", "body", "incarnation", "reserve_id", "key_header",
 }
 
 // queries holds the store's SQL with its schema's table name filled in.
@@ -19,9 +19,25 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
+	now, policy, setPolicy, newer, releaseOwner                                                        string
 }
 
-func newQueries(schema string) queries {
+// dbNow is the database's clock in Unix nanoseconds (to the microsecond).
+const dbNow = `((extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000)`
+
+// newQueries returns the store's SQL for schema. With dbClock, leases
+// are judged by the database's clock: a lease change is "now" when the
+// statement runs, whatever time its caller passed, and a lease lasts
+// Until − At from then; without it, by the times the caller passes (for
+// tests with synthetic times).
+func newQueries(schema string, dbClock bool) queries {
+	// now returns the "now" of a statement whose caller's At is at.
+	now := func(at string) string {
+		if dbClock {
+			return dbNow
+		}
+		return at
+	}
 	ops := pgx.Identifier{schema, "operations"}.Sanitize()
 	cols := strings.Join(columns, ", ")
 	prefixed := "o." + strings.Join(columns, ", o.")
@@ -37,8 +53,12 @@ func newQueries(schema string) queries {
 		}
 	}
 	params := make([]string, len(columns))
-	for i := range columns {
+	for i, c := range columns {
 		params[i] = "$" + strconv.Itoa(i+1)
+		if c == "lease_until" { // as long from now as from the record's Updated ($13), when it has one
+			params[i] = "CASE WHEN " + params[i] + "::bigint = 0 OR $13::bigint = 0 THEN " + params[i] + "::bigint ELSE " +
+				now("$13::bigint") + " + (" + params[i] + "::bigint - $13::bigint) END"
+		}
 	}
 	// $1 is the key and $2 the name (NULL when unnamed), as in columns.
 	// {async} makes a mark's commit asynchronous: PostgreSQL answers
@@ -47,7 +67,7 @@ func newQueries(schema string) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{async}", async, "{ops}", ops, "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or
@@ -67,23 +87,26 @@ func newQueries(schema string) queries {
 		 LIMIT 1)`),
 
 		// Acquire: $2 owner, $3 lease until, $4 updated, $5 header, $6
-		// body, $7 lease at. A finished row becomes pending with the given
-		// request; a row under another owner's live lease is left alone.
+		// body, $7 lease at, $8 incarnation. A finished row becomes pending
+		// with the given request; a row under another holder's live lease
+		// (another owner, or the same owner name in another incarnation)
+		// is left alone.
 		acquire: r.Replace(`UPDATE {ops} SET
-			owner = $2, lease_until = $3, updated = $4,
+			owner = $2, lease_until = {now7} + ($3::bigint - $7::bigint), updated = $4, incarnation = $8,
 			header = CASE WHEN state = 1 THEN header ELSE $5 END,
 			body = CASE WHEN state = 1 THEN body ELSE $6 END,
 			state = 1
-		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND owner <> $2 AND lease_until > $7)
+		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND NOT (owner = $2 AND incarnation = $8) AND lease_until > {now7})
 		RETURNING {cols}`),
 
-		// Renew: $2 owner, $3 lease until. Only the owner may renew, and
-		// only while the row is pending. Leases do not count as changes of
+		// Renew: $2 owner, $3 lease until, $4 incarnation. Only the holder
+		// may renew, and only while the row is pending. Leases do not count as changes of
 		// the record: Updated stays (Resume reads it as the record's age).
-		renew: r.Replace(`UPDATE {ops} SET lease_until = $3 WHERE key = $1 AND state = 1 AND owner = $2`),
+		// $5 is the lease's At.
+		renew: r.Replace(`UPDATE {ops} SET lease_until = {now5} + ($3::bigint - $5::bigint) WHERE key = $1 AND state = 1 AND owner = $2 AND incarnation = $4`),
 
 		// leaseOf explains why Acquire or Renew changed nothing.
-		leaseOf: r.Replace(`SELECT state, owner, lease_until FROM {ops} WHERE key = $1`),
+		leaseOf: r.Replace(`SELECT state, owner, lease_until, incarnation FROM {ops} WHERE key = $1`),
 
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
@@ -101,20 +124,27 @@ func newQueries(schema string) queries {
 		// Pending: $1 after, $2 limit (NULL: no limit).
 		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),
 
-		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until.
-		// Updated stays, as in Renew. Rows another Claim has locked are skipped, not waited
-		// for; rows it has just leased fail the lease test when rechecked.
+		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until,
+		// $6 incarnation, $7 the newest record version this package reads
+		// (newer rows are left to newer replicas). It takes rows no one holds, rows whose lease
+		// lapsed, and rows this very store holds; never a live lease of
+		// the same owner name in another incarnation (a restarted process,
+		// or a zombie still running). Updated stays, as in Renew. Rows
+		// another Claim has locked are skipped, not waited for; rows it has
+		// just leased fail the lease test when rechecked.
 		claim: r.Replace(`WITH c AS (
 			SELECT key FROM {ops}
-			WHERE state = 1 AND key > $1 AND (owner = '' OR owner = $2 OR lease_until <= $3)
+			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= {now3} OR (owner = $2 AND incarnation = $6))
+			AND version <= $7
 			ORDER BY key LIMIT $4
 			FOR UPDATE SKIP LOCKED
 		)
-		UPDATE {ops} o SET owner = $2, lease_until = $5
+		UPDATE {ops} o SET owner = $2, lease_until = {now3} + ($5::bigint - $3::bigint), incarnation = $6
 		FROM c WHERE o.key = c.key
 		RETURNING {o.cols}`),
 
-		sweep: r.Replace(`DELETE FROM {ops} WHERE state <> 1 AND updated < $1`),
+		// Sweep: $1 cutoff, $2 how many rows at most.
+		sweep: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2)`),
 
 		// lastChange: the finished rows' latest through their index on
 		// updated, the pending ones (few) by a scan of theirs.
@@ -126,5 +156,19 @@ func newQueries(schema string) queries {
 		// flushes the WAL (synchronous_commit on), and with it every
 		// asynchronous commit before it.
 		barrier: `SELECT pg_current_xact_id()::text`,
+
+		// releaseOwner: $1 owner, $2 this store's incarnation.
+		releaseOwner: r.Replace(`UPDATE {ops} SET lease_until = 0 WHERE state = 1 AND owner = $1 AND incarnation <> $2`),
+
+		// newer counts the pending rows of a format newer than $1.
+		newer: r.Replace(`SELECT count(*) FROM {ops} WHERE state = 1 AND version > $1`),
+
+		// now is the database's clock in Unix microseconds (its
+		// resolution): the time of the call, not of its transaction.
+		now: `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`,
+
+		policy: r.Replace(`SELECT key_header, resend_window, retention, match_window FROM {policy}`),
+		setPolicy: r.Replace(`INSERT INTO {policy} (key_header, resend_window, retention, match_window) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (id) DO UPDATE SET key_header = $1, resend_window = $2, retention = $3, match_window = $4`),
 	}
 }

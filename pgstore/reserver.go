@@ -1,10 +1,12 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,10 +18,9 @@ import (
 // Bounds of a group of reservations.
 const (
 	reserveBatchMax = 64
-	// reserveBatchTimeout bounds one group's round trip; a caller whose
-	// context ends sooner still waits for it, because its row may be
-	// committed: the caller must not be told "not reserved" then.
-	reserveBatchTimeout = 30 * time.Second
+	// reserveTimeout bounds a Reserve whose context has no earlier
+	// deadline, and one group's round trip.
+	reserveTimeout = 30 * time.Second
 )
 
 // reserver is Reserve's group commit: one goroutine sends every Reserve
@@ -29,12 +30,21 @@ const (
 // is that call alone and costs what the statement alone costs; at 32 in
 // flight, groups share the WAL flush that dominates a commit.
 //
+// A caller waits for its group within its own context. If the context
+// ends while the reservation is still queued, nothing was sent for it; if
+// it ends once the group was sent, the row may be committed and the caller
+// says so (idem.ErrOutcomeUnknown). A group whose callers all left is
+// cancelled.
+//
 // A group is all or nothing. If it fails (the server is away, a deadlock
-// with another replica's group on the same names), no row of it was
-// written and each caller runs its own statement, as it would without
-// groups, and gets its own error.
+// with another replica's group on the same names), each caller runs its
+// own statement, as it would without groups, and gets its own answer; if
+// the group may have committed before it failed, that statement finds the
+// caller's own row and reports it created (see reserved).
 type reserver struct {
+	store *Store
 	pool  *pgxpool.Pool
+	base  context.Context // ends when the store gives up on PostgreSQL at Close
 	sql   string
 	mu    sync.Mutex
 	queue []*reservation
@@ -43,12 +53,21 @@ type reserver struct {
 	done  chan struct{}
 }
 
+// States of a reservation.
+const (
+	rvQueued int32 = iota
+	rvSent         // its group was sent: it may be committed
+	rvLeft         // its caller left before it was sent
+)
+
 // reservation is one Reserve waiting for its group.
 type reservation struct {
-	ctx  context.Context
-	op   idem.Operation
-	args []any
-	res  chan reserveResult // buffered
+	ctx   context.Context
+	op    idem.Operation
+	id    int64
+	args  []any
+	state atomic.Int32
+	res   chan reserveResult // buffered
 }
 
 type reserveResult struct {
@@ -56,17 +75,18 @@ type reserveResult struct {
 	created bool
 	err     error
 	alone   bool // not decided by the group: run the statement alone
+	doubt   bool // with alone: the group may have committed the row
 }
 
-func newReserver(pool *pgxpool.Pool, sql string) *reserver {
-	r := &reserver{pool: pool, sql: sql, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+func newReserver(s *Store) *reserver {
+	r := &reserver{store: s, pool: s.pool, base: s.base, sql: s.q.reserve, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
 }
 
-// do queues a reservation and waits for its group's result.
-func (r *reserver) do(ctx context.Context, op idem.Operation, args []any) reserveResult {
-	rv := &reservation{ctx: ctx, op: op, args: args, res: make(chan reserveResult, 1)}
+// do queues a reservation and waits for its group's result, within ctx.
+func (r *reserver) do(ctx context.Context, op idem.Operation, id int64, args []any) reserveResult {
+	rv := &reservation{ctx: ctx, op: op, id: id, args: args, res: make(chan reserveResult, 1)}
 	r.mu.Lock()
 	select {
 	case <-r.stop:
@@ -76,11 +96,22 @@ func (r *reserver) do(ctx context.Context, op idem.Operation, args []any) reserv
 	}
 	r.queue = append(r.queue, rv)
 	r.mu.Unlock()
+	signal(r.wake)
 	select {
-	case r.wake <- struct{}{}:
+	case res := <-rv.res:
+		return res
+	case <-ctx.Done():
+	}
+	select {
+	case res := <-rv.res:
+		return res
 	default:
 	}
-	return <-rv.res
+	cause := context.Cause(ctx)
+	if rv.state.CompareAndSwap(rvQueued, rvLeft) {
+		return reserveResult{err: fmt.Errorf("pgstore: reserve %s: not sent: %w: %w", op.Key, idem.ErrJournalWrite, cause)}
+	}
+	return reserveResult{err: unknownError("reserve", op.Key, cause)}
 }
 
 func (r *reserver) run() {
@@ -115,24 +146,41 @@ func (r *reserver) run() {
 func (r *reserver) send(group []*reservation) {
 	live := group[:0:0]
 	for _, rv := range group {
-		if err := rv.ctx.Err(); err != nil {
-			rv.res <- reserveResult{err: err} // nothing sent for it
-			continue
+		if rv.ctx.Err() != nil || !rv.state.CompareAndSwap(rvQueued, rvSent) {
+			continue // its caller left: nothing sent for it
 		}
 		live = append(live, rv)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), reserveBatchTimeout)
+	ctx, cancel := context.WithTimeout(r.base, reserveTimeout)
 	defer cancel()
+	var waiting atomic.Int32
+	waiting.Store(int32(len(live)))
+	for _, rv := range live {
+		stop := context.AfterFunc(rv.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel() // every caller left
+			}
+		})
+		defer stop()
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil { // nothing sent
+		for _, rv := range live {
+			rv.res <- reserveResult{alone: true}
+		}
+		return
+	}
+	defer conn.Release()
 	b := &pgx.Batch{}
 	for _, rv := range live {
 		b.Queue(r.sql, rv.args...)
 	}
-	br := r.pool.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	results := make([]reserveResult, len(live))
-	failed := false
+	var failed error
 	for i, rv := range live {
 		var rw row
 		var created bool
@@ -141,16 +189,17 @@ func (r *reserver) send(group []*reservation) {
 		case errors.Is(err, pgx.ErrNoRows):
 			results[i].alone = true // lost a race to a row committed after the snapshot
 		case err != nil:
-			failed = true
+			failed = cmp.Or(failed, err)
 		default:
-			results[i].rec, results[i].created, results[i].err = reserved(rv.op, &rw, created)
+			results[i].rec, results[i].created, results[i].err = r.store.reserved(rv.op, rv.id, &rw, created)
 		}
 	}
 	// Close reads up to the end of the transaction: only now is the
 	// group committed.
-	if err := br.Close(); err != nil || failed {
+	if err := br.Close(); err != nil || failed != nil {
+		doubt := maybeSent(cmp.Or(failed, err))
 		for _, rv := range live {
-			rv.res <- reserveResult{alone: true}
+			rv.res <- reserveResult{alone: true, doubt: doubt}
 		}
 		return
 	}
@@ -159,10 +208,17 @@ func (r *reserver) send(group []*reservation) {
 	}
 }
 
-// close stops the goroutine; queued reservations fail with ErrClosed.
-func (r *reserver) close() {
+// close stops the goroutine once its group in flight ended (or ctx did);
+// queued reservations fail with ErrClosed.
+func (r *reserver) close(ctx context.Context) {
 	r.mu.Lock()
 	close(r.stop)
 	r.mu.Unlock()
-	<-r.done
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+	}
 }
+
+// wait waits for the goroutine to return, once base was cancelled.
+func (r *reserver) wait() { <-r.done }

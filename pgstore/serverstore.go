@@ -132,9 +132,9 @@ type serverQueries struct {
 // request waits behind one long delete.
 const sweepChunk = 1000
 
-// dbNow is the database's time in Unix nanoseconds, unless the parameter
+// serverNow is the database's time in Unix nanoseconds, unless the parameter
 // it is given holds the caller's (callerClock).
-func dbNow(param string) string {
+func serverNow(param string) string {
 	return `coalesce(` + param + `::bigint, (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint)`
 }
 
@@ -149,7 +149,7 @@ func newServerQueries(schema string) serverQueries {
 		// taken (no row comes back) and may show a version older than the
 		// one the upsert locked (an expired one); the caller then runs the
 		// statement again, with a new snapshot.
-		begin: `WITH c AS MATERIALIZED (SELECT ` + dbNow("$4") + ` AS now),
+		begin: `WITH c AS MATERIALIZED (SELECT ` + serverNow("$4") + ` AS now),
 		up AS (
 			INSERT INTO ` + t + ` AS k (id, fingerprint, token, expires) SELECT $1, $2, $3, c.now + $5 FROM c
 			ON CONFLICT (id) DO UPDATE SET fingerprint = excluded.fingerprint, token = excluded.token,
@@ -163,13 +163,13 @@ func newServerQueries(schema string) serverQueries {
 		WHERE k.id = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
 
 		// Renew: $2 token, $3 caller's now or NULL, $4 lease in ns.
-		renew: `UPDATE ` + t + ` k SET expires = c.now + $4 FROM (SELECT ` + dbNow("$3") + ` AS now) c
+		renew: `UPDATE ` + t + ` k SET expires = c.now + $4 FROM (SELECT ` + serverNow("$3") + ` AS now) c
 		WHERE k.id = $1 AND k.token = $2 AND k.status IS NULL AND k.expires > c.now`,
 
 		// Complete: $2 token, $3 caller's now or NULL, $4 status, $5
 		// header, $6 body, $7 retention in ns.
 		complete: `UPDATE ` + t + ` k SET token = '', status = $4, header = $5, body = $6, expires = c.now + $7
-		FROM (SELECT ` + dbNow("$3") + ` AS now) c
+		FROM (SELECT ` + serverNow("$3") + ` AS now) c
 		WHERE k.id = $1 AND k.token = $2 AND k.status IS NULL AND k.expires > c.now`,
 
 		release: `DELETE FROM ` + t + ` WHERE id = $1 AND token = $2 AND status IS NULL`,
@@ -179,7 +179,7 @@ func newServerQueries(schema string) serverQueries {
 		// Sweep) are skipped; rows changed since the snapshot are checked
 		// again when locked.
 		sweep: `DELETE FROM ` + t + ` WHERE id IN (
-			SELECT id FROM ` + t + ` WHERE expires <= ` + dbNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
+			SELECT id FROM ` + t + ` WHERE expires <= ` + serverNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
 			FOR UPDATE SKIP LOCKED)`,
 	}
 }

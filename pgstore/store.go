@@ -23,9 +23,21 @@
 // A named operation (idem.WithOperation) is one key fleet-wide: the name
 // column is unique, so a retry that lands on another replica re-drives the
 // same key. Each pending operation carries an owner and a lease; Claim takes
-// the pending operations a replica owns or whose lease lapsed with FOR
-// UPDATE SKIP LOCKED, so several replicas resuming at once never send one
-// operation twice.
+// the pending operations no one holds, whose lease lapsed, or that this
+// very Store holds, with FOR UPDATE SKIP LOCKED, so several replicas
+// resuming at once never send one operation twice.
+//
+// Leases are judged by one clock, the database's: every lease change takes
+// PostgreSQL's clock_timestamp() as its now and lasts Until − At from
+// then, so a replica whose clock is off (or whose Client's offset to the
+// database's clock, idem.Clock, is stale) neither takes a live lease nor
+// misses a lapsed one. A lease is held by an owner name and the Store that
+// took it (its incarnation, a random id per Open or New): a restarted
+// process with the same owner name, or a second one while the first still
+// runs, takes the first one's operations only once their leases lapsed,
+// or at once after ReleaseOwner, when the application knows the old
+// process is dead. Records of a newer format than this package reads are
+// never claimed: they are left to newer replicas (a rolling deploy).
 //
 // Durability: Reserve, Acquire and Renew return after PostgreSQL committed
 // their change, so with the server's default synchronous_commit=on a
@@ -43,26 +55,46 @@
 // 3 × wal_writer_delay (600 ms by default), flushes it. A crash of the
 // PostgreSQL server inside that window can lose a mark: the operation is
 // then still pending, and Resume sends it again under its key, so the
-// provider replays its answer. A crash of the replica loses nothing once
-// Finish returned. If PostgreSQL cannot take a mark (a broken connection,
-// the server away), the store keeps it and writes it again until it can;
-// reads and changes of this store write waiting marks first, and Close
-// makes every mark durable or returns an error matching
-// idem.ErrJournalWrite.
+// provider replays its answer. Attempt and Finish wait for their commit at
+// most 2 seconds (or their context's deadline): if PostgreSQL has not
+// taken the mark by then (a broken connection, the server away or
+// stalled), it is accepted and held in this process's memory, and written
+// in order, again and again, until PostgreSQL takes it. A crash of the
+// replica in that time loses it, with the same consequence: the operation
+// stays pending and is sent again under its key. Reads and changes of this
+// store wait for the held marks first (within their context, failing at
+// once while PostgreSQL does not take them), and Close makes every mark
+// durable or returns an error matching idem.ErrJournalWrite. A mark
+// PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is written
+// without its error text, or, refused again, dropped and logged
+// (WithLogger); it never holds back the marks after it. Error texts are
+// written as valid UTF-8 without NUL bytes, at most 2 KiB.
 //
 // Failures (ServerStore's are stated on its type): every error from
 // PostgreSQL — unreachable, restarted, terminated connections, a read that
-// failed — matches idem.ErrJournalWrite and wraps pgx's error. Reserve fails closed: the
-// transport sends nothing, and the store works again as soon as the pool
-// reaches the server (each connection the server closed while idle fails
-// once before the pool drops it).
+// failed — matches idem.ErrJournalWrite and wraps pgx's error; one that
+// refuses the role a privilege also matches ErrPermission. Reserve fails
+// closed: the transport sends nothing, and the store works again as soon
+// as the pool reaches the server. A Reserve (or Acquire) whose statement
+// went out and whose answer was lost (a connection cut after it was sent,
+// a deadline that passed while PostgreSQL had it) is tried again on
+// another connection, which finds the row if the lost try committed it;
+// if no try answers, the error matches idem.ErrOutcomeUnknown, not
+// idem.ErrJournalWrite: the key may be journaled, and the operation is in
+// doubt. Every call runs under its context, bounded by 30 seconds when the
+// context has no deadline (a Renew by a third of its lease), and Close
+// returns within 15 seconds whatever the database does.
 //
 // Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
 // unless WithSchema names another) and creates or migrates them on Open and
 // New. Migrations are embedded in the package, versioned, and applied in
 // one transaction under an advisory lock, so replicas that start at once
 // migrate once. The role needs the CREATE privilege on the database the
-// first time (or the schema must exist and belong to it).
+// first time (or the schema must exist and belong to it), and again when a
+// newer version of this package adds a migration; a schema migrated
+// already opens with USAGE on the schema and SELECT, INSERT, UPDATE and
+// DELETE on its tables. A privilege PostgreSQL refuses (SQLSTATE 42501) is
+// an error matching ErrPermission, at Open as in every call.
 package pgstore
 
 import (
@@ -71,11 +103,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -90,7 +125,17 @@ const DefaultSchema = "idem"
 type Option func(*config)
 
 type config struct {
-	schema string
+	schema      string
+	log         *slog.Logger
+	callerTimes bool          // leases judged by the caller's times (tests)
+	skew        time.Duration // added to the caller's times (tests)
+}
+
+// WithLogger sets the logger of what the store deals with on its own: a
+// mark PostgreSQL refused, repaired or dropped. Nil, the default, logs
+// nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.log = l }
 }
 
 // WithSchema keeps the store's tables in the PostgreSQL schema name instead
@@ -103,13 +148,23 @@ func WithSchema(name string) Option {
 // Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
 // many goroutines and by many processes sharing one database.
 type Store struct {
-	pool       *pgxpool.Pool
-	ownPool    bool // Open made the pool, so Close closes it
-	schema     string
-	q          queries
-	marks      *marks
-	markGroups *markGroups
-	reserver   *reserver
+	pool    *pgxpool.Pool
+	ownPool bool // Open made the pool, so Close closes it
+	schema  string
+	q       queries
+	// incarnation names this Store in the leases it holds (see
+	// migrations/0003), and reserveIDs numbers its reservations.
+	incarnation string
+	reserveIDs  atomic.Int64
+	skew        time.Duration
+	newer       atomic.Int64 // newer-format pending rows last reported
+	log         *slog.Logger
+	marks       *markWriter
+	reserver    *reserver
+	// base is the context of every statement (see bind), cancelled when
+	// Close gives up on PostgreSQL.
+	base   context.Context
+	cancel context.CancelFunc
 
 	closed atomic.Bool
 }
@@ -148,36 +203,86 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
 		return nil, err
 	}
-	q := newQueries(c.schema)
-	return &Store{pool: pool, schema: c.schema, q: q, marks: newMarks(pool), markGroups: newMarkGroups(pool), reserver: newReserver(pool, q.reserve)}, nil
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	q := newQueries(c.schema, !c.callerTimes)
+	base, cancel := context.WithCancel(context.Background())
+	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(), skew: c.skew,
+		marks: newMarkWriter(pool, base, c.log)}
+	s.reserver = newReserver(s)
+	return s, nil
 }
 
+// closeTimeout bounds Close.
+const closeTimeout = 15 * time.Second
+
 // Close makes every accepted change durable, releases the store, and
-// closes the pool if Open made it. If PostgreSQL cannot take the changes
-// within a few seconds, Close returns an error matching
-// idem.ErrJournalWrite: those changes may be lost. Later calls of every
-// method, Close included, return an error matching idem.ErrClosed.
+// closes the pool if Open made it. It returns within 15 seconds whatever
+// PostgreSQL does: if PostgreSQL has not taken the changes by then, Close
+// cancels every statement of the store still running and returns an error
+// matching idem.ErrJournalWrite: those changes may be lost. Later calls
+// of every method, Close included, return an error matching
+// idem.ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
 	}
-	s.reserver.close()
-	s.markGroups.close()
-	err := s.marks.close()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	// Writing gets two thirds of the bound, closing connections the rest.
+	wctx, wcancel := context.WithTimeout(ctx, closeTimeout*2/3)
+	defer wcancel()
+	s.reserver.close(wctx)
+	err := s.marks.drain(wctx)
 	if err != nil {
-		err = fmt.Errorf("pgstore: close: accepted changes not written: %w: %w", idem.ErrJournalWrite, err)
-	} else if err = retry(closeFlushTimeout, s.barrier); err != nil {
+		err = fmt.Errorf("pgstore: close: %w", err)
+	} else if err = retry(wctx, s.barrier); err != nil {
 		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
 	}
+	s.cancel() // ends every statement still running, so their connections return to the pool
+	s.marks.close()
+	s.reserver.wait()
 	if s.ownPool {
-		s.pool.Close()
+		// pgx may hold a connection a little longer (a ping it started
+		// runs to its own deadline): the pool finishes closing in the
+		// background if it must.
+		closed := make(chan struct{})
+		go func() {
+			s.pool.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-ctx.Done():
+		}
 	}
 	return err
+}
+
+// retry calls fn until it succeeds or ctx ends, waiting a growing delay
+// between calls, and returns its last error. A connection the server
+// closed while idle in the pool fails once and is dropped, so a few tries
+// get past a server restart.
+func retry(ctx context.Context, fn func(context.Context) error) error {
+	delay := markRetryMin
+	for {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if !sleep(ctx, delay) {
+			return err
+		}
+		delay = min(2*delay, markRetryMax)
+	}
 }
 
 // barrier returns once every change committed asynchronously is on disk:
 // it commits a transaction synchronously, which flushes the WAL before it.
 func (s *Store) barrier(ctx context.Context) error {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	_, err := s.pool.Exec(ctx, s.q.barrier)
 	return err
 }
@@ -200,7 +305,9 @@ type migration struct {
 }
 
 // migrations returns the embedded migrations in version order. Versions
-// must run 1, 2, 3, ... without gaps.
+// are unique and positive; they may have gaps (ranges reserved for lines
+// of work that land in any order), since a schema records each version
+// it applied, not only the latest.
 func migrations() ([]migration, error) {
 	entries, err := fs.ReadDir(migrationFS, "migrations")
 	if err != nil {
@@ -221,22 +328,55 @@ func migrations() ([]migration, error) {
 	}
 	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
 	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("pgstore: migration %s: want version %d", m.name, i+1)
+		if m.version < 1 || i > 0 && m.version == ms[i-1].version {
+			return nil, fmt.Errorf("pgstore: migration %s: version %d is not positive or not unique", m.name, m.version)
 		}
 	}
 	return ms, nil
+}
+
+// missing returns the migrations of ms whose versions applied does not
+// hold, in version order.
+func missing(ms []migration, applied map[int]bool) []migration {
+	var out []migration
+	for _, m := range ms {
+		if !applied[m.version] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// querier is what appliedVersions needs of a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// appliedVersions returns the versions recorded in table.
+func appliedVersions(ctx context.Context, q querier, table string) (map[int]bool, error) {
+	rows, err := q.Query(ctx, `SELECT version FROM `+table)
+	if err != nil {
+		return nil, err
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	applied := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		applied[int(v)] = true
+	}
+	return applied, err
 }
 
 // migrateLockClass is the first half of the advisory lock key that
 // serializes migrations; the second half is a hash of the schema name.
 const migrateLockClass = 0x1de4 // "idem"
 
-// migrate creates the schema and applies the migrations it lacks, in one
+// migrate creates the schema and applies the migrations it lacks (each
+// embedded version not recorded in its migrations table), in one
 // transaction that first takes a transaction-level advisory lock: replicas
 // that start at once wait for each other, and the later ones find the work
 // done. A schema migrated by a newer version of this package (versions
-// beyond the embedded ones) is used as it is; migrations only add. Every
+// this one does not embed) is used as it is; migrations only add. A
+// schema that lacks none of them is opened without a write. Every
 // migration runs whichever store opens the schema, so the client's Store
 // and the ServerStore always find all their tables. Errors match sentinel,
 // the calling store's error for a database it cannot write.
@@ -246,7 +386,19 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		return err
 	}
 	fail := func(step string, err error) error {
+		if sqlState(err) == "42501" {
+			return fmt.Errorf("pgstore: migrate schema %q: %s: %w (the first Open needs a role that may create the schema "+
+				"and its tables; later ones need USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables): %w",
+				schema, step, ErrPermission, err)
+		}
 		return fmt.Errorf("pgstore: migrate schema %q: %s: %w: %w", schema, step, sentinel, err)
+	}
+	// A schema migrated already needs nothing but reads: a role with only
+	// the privileges to use it opens it.
+	if applied, err := migratedVersions(ctx, pool, schema); err != nil {
+		return fail("read version", err)
+	} else if len(missing(ms, applied)) == 0 {
+		return nil
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
@@ -273,11 +425,11 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		)`); err != nil {
 			return fail("create migrations table", err)
 		}
-		var have int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM migrations`).Scan(&have); err != nil {
+		applied, err := appliedVersions(ctx, tx, "migrations")
+		if err != nil {
 			return fail("read version", err)
 		}
-		for _, m := range ms[min(have, len(ms)):] {
+		for _, m := range missing(ms, applied) {
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return fail(m.name, err)
 			}
@@ -287,8 +439,19 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, sentinel) {
+	if err != nil && !errors.Is(err, sentinel) && !errors.Is(err, ErrPermission) {
 		return fail("commit", err) // the begin or the commit failed
 	}
 	return err
+}
+
+// migratedVersions returns the migrations applied to schema, none when
+// the schema or its migrations table does not exist.
+func migratedVersions(ctx context.Context, pool *pgxpool.Pool, schema string) (map[int]bool, error) {
+	table := pgx.Identifier{schema, "migrations"}.Sanitize()
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil || !exists {
+		return nil, err
+	}
+	return appliedVersions(ctx, pool, table)
 }

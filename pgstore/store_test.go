@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +35,9 @@ func openStore(t *testing.T, opts ...pgstore.Option) *pgstore.Store {
 	return s
 }
 
+// allMigrations are the versions of the embedded migrations.
+var allMigrations = []int{1, 2, 3, 4}
+
 func migrationVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) []int {
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema, "migrations"}.Sanitize()+` ORDER BY version`)
@@ -46,7 +50,7 @@ func migrationVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sc
 func TestOpenCreatesSchema(t *testing.T) {
 	s := openStore(t)
 	ctx := testContext(t)
-	assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, s.Pool(), s.Schema()))
+	assert.Equal(t, allMigrations, migrationVersions(t, ctx, s.Pool(), s.Schema()))
 	var n int
 	require.NoError(t, s.Pool().QueryRow(ctx,
 		`SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'operations'`, s.Schema()).Scan(&n))
@@ -71,7 +75,7 @@ func TestConcurrentOpen(t *testing.T) {
 		require.NoError(t, errs[i], "replica %d", i)
 		defer stores[i].Close()
 	}
-	assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, stores[0].Pool(), schema))
+	assert.Equal(t, allMigrations, migrationVersions(t, ctx, stores[0].Pool(), schema))
 }
 
 func TestReopenKeepsSchema(t *testing.T) {
@@ -81,7 +85,7 @@ func TestReopenKeepsSchema(t *testing.T) {
 	for range 2 {
 		s, err := pgstore.Open(ctx, dsn, pgstore.WithSchema(schema))
 		require.NoError(t, err)
-		assert.Equal(t, []int{1, 2}, migrationVersions(t, ctx, s.Pool(), schema))
+		assert.Equal(t, allMigrations, migrationVersions(t, ctx, s.Pool(), schema))
 		require.NoError(t, s.Close())
 	}
 }
@@ -161,8 +165,9 @@ func TestMarksSurviveOutage(t *testing.T) {
 
 // TestUnreadableRecords writes rows this version cannot read: one from a
 // newer record format, one damaged. Get reports each with its sentinel;
-// Pending and Claim return them with only their key, and the errors
-// joined, so that no pending operation is skipped in silence.
+// Pending returns them with only their key, and the errors joined, so
+// that no pending operation is skipped in silence; Claim so returns the
+// damaged one.
 func TestUnreadableRecords(t *testing.T) {
 	s := openStore(t)
 	ctx := testContext(t)
@@ -181,24 +186,28 @@ func TestUnreadableRecords(t *testing.T) {
 	_, err = s.Get(ctx, "c-damaged")
 	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
 
-	for name, list := range map[string]func() ([]idem.Operation, error){
-		"Pending": func() ([]idem.Operation, error) { return s.Pending(ctx, "", 0) },
-		"Claim": func() ([]idem.Operation, error) {
-			return s.Claim(ctx, idem.Lease{Owner: "owner-a", At: time.Now(), Until: time.Now().Add(time.Minute)}, "", 0)
-		},
-	} {
-		got, err := list()
-		assert.ErrorIs(t, err, idem.ErrRecordVersion, name)
-		assert.ErrorIs(t, err, idem.ErrJournalCorrupt, name)
-		require.Len(t, got, 3, name)
-		assert.Equal(t, idem.StatePending, got[0].State, name)
-		for i, key := range []string{"b-newer", "c-damaged"} {
-			assert.Equal(t, key, got[i+1].Key, name)
-			assert.Zero(t, got[i+1].State, name)
-			assert.NotEmpty(t, got[i+1].LastError, "%s: why %s cannot be read", name, key)
-			assert.Nil(t, got[i+1].Body, name)
-		}
+	got, err := s.Pending(ctx, "", 0)
+	assert.ErrorIs(t, err, idem.ErrRecordVersion)
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	require.Len(t, got, 3)
+	assert.Equal(t, idem.StatePending, got[0].State)
+	for i, key := range []string{"b-newer", "c-damaged"} {
+		assert.Equal(t, key, got[i+1].Key)
+		assert.Zero(t, got[i+1].State)
+		assert.NotEmpty(t, got[i+1].LastError, "why %s cannot be read", key)
+		assert.Nil(t, got[i+1].Body)
 	}
+
+	// Claim leaves the newer record to newer replicas (see
+	// TestNewerFormatLeftAlone) and reports the damaged one.
+	got, err = s.Claim(ctx, idem.Lease{Owner: "owner-a", At: time.Now(), Until: time.Now().Add(time.Minute)}, "", 0)
+	assert.NotErrorIs(t, err, idem.ErrRecordVersion)
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	require.Len(t, got, 2)
+	assert.Equal(t, "a-ok", got[0].Key)
+	assert.Equal(t, "c-damaged", got[1].Key)
+	assert.Zero(t, got[1].State)
+	assert.NotEmpty(t, got[1].LastError)
 }
 
 func TestLastChange(t *testing.T) {
@@ -227,4 +236,26 @@ func TestLastChange(t *testing.T) {
 	last, err = s.LastChange(ctx)
 	require.NoError(t, err)
 	assert.True(t, last.Equal(k1.Updated), "last change %v, k1 finished %v", last, k1.Updated)
+}
+
+// TestMigrateFillsGaps opens a schema whose migrations table records a
+// later version but lacks earlier ones (a line of work merged out of
+// order): Open applies each missing migration, not only those above the
+// latest.
+func TestMigrateFillsGaps(t *testing.T) {
+	s := openStore(t)
+	ctx := testContext(t)
+	table := pgx.Identifier{s.Schema(), "migrations"}.Sanitize()
+	ops := pgx.Identifier{s.Schema(), "operations"}.Sanitize()
+	_, err := s.Pool().Exec(ctx, `DELETE FROM `+table+` WHERE version = 4;
+		ALTER TABLE `+ops+` DROP COLUMN key_header;
+		DROP TABLE `+pgx.Identifier{s.Schema(), "policy"}.Sanitize()+`;
+		INSERT INTO `+table+` (version, name) VALUES (99, '0099_later.sql')`)
+	require.NoError(t, err)
+	again, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(s.Schema()))
+	require.NoError(t, err)
+	defer again.Close()
+	assert.Equal(t, append(slices.Clone(allMigrations), 99), migrationVersions(t, ctx, s.Pool(), s.Schema()))
+	_, _, err = again.Reserve(ctx, storetest.NewOperation("k1"))
+	require.NoError(t, err, "the store works on the filled schema")
 }

@@ -1,0 +1,94 @@
+package pgstore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemgo/idem"
+)
+
+// ErrPermission is returned when PostgreSQL refuses the store's role a
+// privilege it needs (SQLSTATE 42501): creating the schema or its tables
+// the first time, or reading and writing them later. At Open and New it
+// is the error's only sentinel, so that it is not taken for a database
+// that cannot be reached; from the KeyStore's methods it also matches
+// idem.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
+var ErrPermission = errors.New("pgstore: permission denied")
+
+// sqlState returns the SQLSTATE of a PostgreSQL error in err, or "".
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// permanent reports whether PostgreSQL refused a statement for its
+// content (data exceptions, class 22, and integrity violations, class 23):
+// sending it again cannot succeed.
+func permanent(err error) bool {
+	code := sqlState(err)
+	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23")
+}
+
+// maybeSent reports whether a statement that failed with err may have
+// been carried out: the connection broke or the deadline passed after it
+// was sent, so its commit and the loss of its answer may both have
+// happened. An error PostgreSQL answered with (other than a fatal one,
+// which may follow a commit) means it was not, and so does one pgx marks
+// safe to retry (nothing was sent).
+func maybeSent(err error) bool {
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &pe):
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
+	case pgconn.SafeToRetry(err):
+		return false
+	}
+	var ce *pgconn.ConnectError
+	return !errors.As(err, &ce)
+}
+
+// dbError wraps an error from PostgreSQL: the journal could not be
+// reached or could not take the change. A permission error also matches
+// ErrPermission.
+func dbError(what, key string, err error) error {
+	if sqlState(err) == "42501" {
+		return fmt.Errorf("pgstore: %s %s: %w: %w: %w", what, key, ErrPermission, idem.ErrJournalWrite, err)
+	}
+	return fmt.Errorf("pgstore: %s %s: %w: %w", what, key, idem.ErrJournalWrite, err)
+}
+
+// unknownError wraps the error of a change whose answer was lost.
+func unknownError(what, key string, err error) error {
+	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idem.ErrOutcomeUnknown, err)
+}
+
+// maxText bounds the free text the store writes (a record's last error):
+// a longer text is cut at a character boundary and ends with "…".
+const maxText = 2048
+
+// cleanText returns s as text PostgreSQL takes: valid UTF-8 (invalid
+// bytes become U+FFFD), without NUL bytes (which a text column cannot
+// hold), and at most maxText bytes long.
+func cleanText(s string) string {
+	if len(s) <= maxText && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s // the common case costs no allocation
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= maxText {
+		return s
+	}
+	cut := maxText - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
