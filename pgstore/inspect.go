@@ -32,6 +32,8 @@ func (s *Store) inspectSQL(where string) string {
 // Named implements idem.Inspector: the record of an operation name, of
 // any state, without its replayable request.
 func (s *Store) Named(ctx context.Context, name string) (idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
@@ -49,6 +51,8 @@ func (s *Store) Named(ctx context.Context, name string) (idem.Operation, error) 
 // keys after after, in key order, without their replayable requests. A
 // row it cannot read is returned as Pending returns one.
 func (s *Store) Walk(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
+	ctx, cancel := s.bind(ctx, 0)
+	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
