@@ -306,3 +306,128 @@ func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	assert.Equal(t, "replica-b", op.Owner)
 	require.NoError(t, app.c.Close())
 }
+
+// forgeShared journals a pending operation by hand, created at created,
+// whose lease (of a replica that is gone) has lapsed. (pgstore reads a
+// reserved lease as lasting from now as long as from the record's Updated:
+// a lease that ends at Updated has lapsed.)
+func forgeShared(t *testing.T, store *pgstore.Store, name, url, header string, created time.Time) string {
+	t.Helper()
+	key := uuid.Must(uuid.NewV7()).String()
+	_, ok, err := store.Reserve(context.Background(), idem.Operation{
+		Key: key, KeyHeader: header, Name: name, Method: http.MethodPost, URL: url, State: idem.StatePending,
+		Created: created, Updated: created, Attempts: 1, Fingerprint: [32]byte{9},
+		Owner: "replica-gone", LeaseUntil: created,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"amount":2}`),
+	})
+	require.NoError(t, err)
+	require.True(t, ok)
+	return key
+}
+
+// TestSharedResumeActsUnderTheJournalsPolicy: on a PostgreSQL journal,
+// resume sends each key in the header its operation was sent with
+// (PayPal-Request-Id, not Idempotency-Key), expires what is past the
+// journal's resend window without sending it, takes nothing a live
+// replica holds, refuses a longer window, and leaves the policy as the
+// application wrote it.
+func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
+	if !keepsPolicy() {
+		t.Skip("pgstore keeps no policy (idem.PolicyStore): resume refuses, see TestSharedJournalNeverTakesALiveLease")
+	}
+	dsn, schema := pgJournalSchema(t)
+	p := newSharedProvider(t)
+	policy := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 3 * time.Hour, Retention: 5 * time.Hour}
+	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond),
+		idem.WithHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
+	lost := app.pay(t, "pay:lost", p.URL+"/lost")
+	require.NoError(t, app.c.Close())
+	look := lookAt(t, dsn, schema)
+	stored, err := look.Policy(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, policy.ResendWindow, stored.ResendWindow, "the application journaled its policy")
+	old := forgeShared(t, look, "pay:old", p.URL+"/old", policy.KeyHeader, time.Now().Add(-4*time.Hour))
+	leased := leasedByLiveReplica(t, look, p.URL+"/leased", policy.KeyHeader)
+	waitLapsed(t, look, lost)
+	p.healed.Store(true)
+	bin := buildIdem(t, t.TempDir())
+	idemOn := func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
+	}
+
+	code, _, errOut := idemOn("resume", "--resend-window", "10h")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "longer than the journal's resend window of 3h0m0s")
+
+	code, out, errOut := idemOn("--json", "resume")
+	require.Equal(t, exitOK, code, errOut)
+	var got struct {
+		Operations []resumeResult
+		Summary    resumeSummary
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	byKey := map[string]resumeResult{}
+	for _, r := range got.Operations {
+		byKey[r.Key] = r
+	}
+	assert.Equal(t, "succeeded", byKey[lost].Outcome)
+	assert.Equal(t, "expired", byKey[old].Outcome)
+	assert.NotContains(t, byKey, leased, "an operation under a live lease is not taken")
+	assert.Equal(t, resumeSummary{Sent: 1, Succeeded: 1, Expired: 1}, got.Summary)
+
+	resent := p.sentWith("PayPal-Request-Id", lost)
+	require.Len(t, resent, 3, "the replica's two attempts were cut, the command's answered: all under the application's header")
+	for _, h := range resent {
+		assert.Empty(t, h.Get("Idempotency-Key"), "no key in the default header")
+	}
+	assert.Empty(t, p.sentWith("PayPal-Request-Id", old), "past the journal's window: expired, not sent")
+	assert.Empty(t, p.sentWith("PayPal-Request-Id", leased), "a live replica's operation is not sent")
+
+	for key, want := range map[string]idem.State{lost: idem.StateSucceeded, old: idem.StateExpired, leased: idem.StatePending} {
+		op, err := look.Get(context.Background(), key)
+		require.NoError(t, err)
+		assert.Equal(t, want, op.State, key)
+	}
+	after, err := look.Policy(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, stored, after, "the command never writes its own policy")
+}
+
+// TestSharedGCKeepsTheFloor: gc on a PostgreSQL journal refuses a
+// retention below the journal's floor (resend window plus an hour), and
+// the named operation keeps its key.
+func TestSharedGCKeepsTheFloor(t *testing.T) {
+	dsn, schema := pgJournalSchema(t)
+	p := newSharedProvider(t)
+	app := newReplica(t, dsn, schema, idem.WithResendWindow(3*time.Hour), idem.WithRetention(5*time.Hour))
+	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
+	require.NoError(t, app.c.Close())
+	look := lookAt(t, dsn, schema)
+	bin := buildIdem(t, t.TempDir())
+	idemOn := func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
+	}
+
+	code, _, errOut := idemOn("gc", "--retention", "0s")
+	if !keepsPolicy() {
+		assert.Equal(t, exitFailed, code)
+		assert.Contains(t, errOut, "does not keep the application's policy")
+		return
+	}
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "below the journal's floor of 4h0m0s")
+	code, out, errOut := idemOn("--json", "gc", "--retention", "4h", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	var dry struct {
+		WouldSweep int `json:"would_sweep"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &dry), out)
+	assert.Zero(t, dry.WouldSweep)
+	code, out, errOut = idemOn("gc")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "swept 0 finished operations")
+
+	op, err := look.Named(context.Background(), "pay:ok")
+	require.NoError(t, err)
+	assert.Equal(t, okKey, op.Key, "the name still maps to its key")
+}
