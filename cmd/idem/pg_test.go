@@ -131,10 +131,20 @@ func newReplica(t *testing.T, dsn, schema string, opts ...idem.Option) replica {
 // pay sends a named payment to url and returns its key.
 func (r replica) pay(t *testing.T, name, url string) string {
 	t.Helper()
+	return r.payWith(t, name, url, "")
+}
+
+// payWith is pay with an Authorization header (never journaled) if auth
+// is not "".
+func (r replica) payWith(t *testing.T, name, url, auth string) string {
+	t.Helper()
 	ctx := idem.WithOperation(context.Background(), name)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"amount":4200}`))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
 	resp, err := r.c.HTTPClient().Do(req)
 	if err == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -341,6 +351,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond),
 		idem.WithHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
 	lost := app.pay(t, "pay:lost", p.URL+"/lost")
+	secret := app.payWith(t, "pay:secret", p.URL+"/lost-secret", "Bearer sk_live_not_journaled")
 	require.NoError(t, app.c.Close())
 	look := lookAt(t, dsn, schema)
 	stored, err := look.Policy(context.Background())
@@ -349,6 +360,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	old := forgeShared(t, look, "pay:old", p.URL+"/old", policy.KeyHeader, time.Now().Add(-4*time.Hour))
 	leased := leasedByLiveReplica(t, look, p.URL+"/leased", policy.KeyHeader)
 	waitLapsed(t, look, lost)
+	waitLapsed(t, look, secret)
 	p.healed.Store(true)
 	bin := buildIdem(t, t.TempDir())
 	idemOn := func(args ...string) (int, string, string) {
@@ -373,7 +385,8 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	assert.Equal(t, "succeeded", byKey[lost].Outcome)
 	assert.Equal(t, "expired", byKey[old].Outcome)
 	assert.NotContains(t, byKey, leased, "an operation under a live lease is not taken")
-	assert.Equal(t, resumeSummary{Sent: 1, Succeeded: 1, Expired: 1}, got.Summary)
+	assert.Equal(t, "needs credentials", byKey[secret].Outcome)
+	assert.Equal(t, resumeSummary{Sent: 1, Succeeded: 1, Expired: 1, Skipped: 1}, got.Summary)
 
 	resent := p.sentWith("PayPal-Request-Id", lost)
 	require.Len(t, resent, 3, "the replica's two attempts were cut, the command's answered: all under the application's header")
@@ -388,6 +401,13 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, op.State, key)
 	}
+	op, err := look.Get(context.Background(), secret)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, op.State)
+	assert.True(t, strings.HasPrefix(op.Owner, "idem-command@"), "the command took it under its own name: %q", op.Owner)
+	now, err := look.Now(context.Background())
+	require.NoError(t, err)
+	assert.False(t, op.LeaseUntil.After(now), "the command released what it left pending: a replica may take it at once")
 	after, err := look.Policy(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, stored, after, "the command never writes its own policy")
