@@ -288,6 +288,9 @@ func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	p.healed.Store(true)
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"))
 	leased := leasedByLiveReplica(t, app.store, p.URL+"/lost-leased", "Idempotency-Key")
+	// A lapsed operation after it in key order: take's Claim meets it
+	// first, and must give it back.
+	later := forgeShared(t, app.store, "pay:later", p.URL+"/later", "Idempotency-Key", time.Now())
 	bin := buildIdem(t, t.TempDir())
 	idemOn := func(args ...string) (int, string, string) {
 		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
@@ -301,6 +304,11 @@ func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	code, _, errOut = idemOn("expire", leased)
 	assert.Equal(t, exitFailed, code)
 	assert.Contains(t, errOut, "under a live lease of replica-b")
+	op, err := app.store.Get(context.Background(), later)
+	require.NoError(t, err)
+	now, err := app.store.Now(context.Background())
+	require.NoError(t, err)
+	assert.False(t, op.LeaseUntil.After(now), "an operation expire met on its way is given back at once (owner %q)", op.Owner)
 
 	code, _, errOut = idemOn("resume")
 	if !keepsPolicy() {
@@ -310,7 +318,7 @@ func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 		assert.Equal(t, exitOK, code, errOut)
 	}
 	assert.Empty(t, p.sentWith("Idempotency-Key", leased), "nothing is sent under another replica's live lease")
-	op, err := app.store.Get(context.Background(), leased)
+	op, err = app.store.Get(context.Background(), leased)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StatePending, op.State)
 	assert.Equal(t, "replica-b", op.Owner)
