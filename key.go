@@ -81,8 +81,11 @@ func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySourc
 	return key, "", keyNew, err
 }
 
-// newKey returns a random UUIDv7: random enough to be unguessable, and time
-// ordered so the journal's B+tree appends on its rightmost leaf.
+// newKey returns a random UUIDv7 from google/uuid (the dependency the
+// design names for keys): random enough to be unguessable, and time
+// ordered so the journal's B+tree appends on its rightmost leaf. A key
+// made in a fixed array would save one allocation per request; measured,
+// and left to google/uuid.
 func newKey() (string, error) {
 	u, err := uuid.NewV7()
 	if err != nil {

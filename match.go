@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"container/list"
 	"crypto/sha256"
 	"encoding/binary"
@@ -232,33 +233,67 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 
 // appendCredentials appends to b the credentials of req: its secret
 // headers, the URL's user info and the secret query parameters, in a
-// fixed order.
+// fixed order (maps iterate at random): sorted as their encodings would
+// sort, so that a call with a few credential headers costs no allocation.
 func (c *config) appendCredentials(b []byte, req *http.Request) []byte {
-	var creds []string // sorted: maps iterate at random
+	var space [8]credential
+	creds := space[:0]
 	for k, vs := range req.Header {
 		if ck := http.CanonicalHeaderKey(k); c.secret[ck] {
 			for _, v := range vs {
-				creds = append(creds, string(appendString(appendString(nil, 'h', ck), 'v', v)))
+				creds = append(creds, credential{'h', ck, v, true})
 			}
 		}
 	}
 	if u := req.URL.User; u != nil {
-		creds = append(creds, string(appendString(nil, 'u', u.String())))
+		creds = append(creds, credential{tag: 'u', name: u.String()})
 	}
 	if req.URL.RawQuery != "" && c.hasSecretQuery(req.URL.RawQuery) {
 		for k, vs := range req.URL.Query() {
 			if c.secretQuery[k] || c.secretQuery[strings.ToLower(k)] {
 				for _, v := range vs {
-					creds = append(creds, string(appendString(appendString(nil, 'q', k), 'v', v)))
+					creds = append(creds, credential{'q', k, v, true})
 				}
 			}
 		}
 	}
-	slices.Sort(creds)
-	for _, s := range creds {
-		b = append(b, s...)
+	slices.SortFunc(creds, compareCredentials)
+	for _, cr := range creds {
+		b = appendString(b, cr.tag, cr.name)
+		if cr.hasValue {
+			b = appendString(b, 'v', cr.value)
+		}
 	}
 	return b
+}
+
+// credential is one credential of a call, as appendCredentials encodes
+// it: tag and name, then, if hasValue, 'v' and value, each string after
+// its length.
+type credential struct {
+	tag         byte
+	name, value string
+	hasValue    bool
+}
+
+// compareCredentials orders credentials as the bytes of their encodings
+// compare: by tag, then by the name's length and the name (the length
+// comes first in the encoding), then by the value's length and the value.
+// Credentials of one tag all have a value or none.
+func compareCredentials(a, b credential) int {
+	if a.tag != b.tag {
+		return int(a.tag) - int(b.tag)
+	}
+	if c := cmp.Compare(len(a.name), len(b.name)); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(len(a.value), len(b.value)); c != 0 {
+		return c
+	}
+	return strings.Compare(a.value, b.value)
 }
 
 // appendString appends a tag and s, length-prefixed, to b, so that no two

@@ -210,24 +210,25 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 		return nil, req.Body, nil
 	}
 	if req.ContentLength > 0 {
-		// The length is known: read into one buffer of exactly that size.
-		body = make([]byte, req.ContentLength)
-		var n int
-		n, err = io.ReadFull(req.Body, body)
+		// The length is known: read into one buffer of that size and one
+		// byte more, which must stay unread (a byte of its own would cost
+		// an allocation: it escapes into Read).
+		size := req.ContentLength
+		body = make([]byte, size+1)
+		n, err := io.ReadFull(req.Body, body)
 		switch {
+		case int64(n) == size: // whatever the read after the end said
+			err = nil
+		case int64(n) > size:
+			err = lengthError(size+1, size)
 		case err == io.EOF || err == io.ErrUnexpectedEOF:
-			err = lengthError(int64(n), req.ContentLength)
-		case err == nil:
-			var extra [1]byte
-			if n, _ := io.ReadFull(req.Body, extra[:]); n > 0 {
-				err = lengthError(req.ContentLength+1, req.ContentLength)
-			}
+			err = lengthError(int64(n), size)
 		}
 		if err != nil {
 			req.Body.Close()
 			return nil, nil, err
 		}
-		return body, nil, req.Body.Close()
+		return body[:size:size], nil, req.Body.Close()
 	}
 	body, err = readAtMost(req.Body, limit+1)
 	if err != nil {

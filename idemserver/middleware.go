@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"sync"
@@ -207,17 +206,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.maxBody+1))
+	// On a key route the body is read after the fingerprint's prefix, so
+	// that the fingerprint is one SHA-256 over one buffer.
+	var space [256]byte
+	pre := space[:0]
+	if h.rt.webhook == nil {
+		pre = m.fingerprintPrefix(pre, r)
+	}
+	prefix := len(pre)
+	buf, err := readBody(r.Body, pre, m.cfg.maxBody, r.ContentLength)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request", "The request body could not be read.", 0)
 		return
 	}
+	body := buf[prefix+8:]
 	if int64(len(body)) > m.cfg.maxBody {
 		writeProblem(w, http.StatusRequestEntityTooLarge, ProblemBodyTooLarge, "Request body too large",
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.maxBody), 0)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.Body = newBodyReader(body)
 
 	method, fp := r.Method, ""
 	if h.rt.webhook != nil {
@@ -234,13 +242,60 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = newBodyReader(body)
 	} else {
-		fp = m.fingerprint(r, body)
+		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
+		fp = hexSum(buf)
 	}
 	id := scopeID(principal, method, r.URL.Path, key)
 	m.serve(w, r, h, id, key, fp)
 }
+
+// readBody returns prefix, 8 bytes for the body's length (zero; the
+// caller fills them in) and the body, at most limit+1 bytes of it: a
+// longer body is cut there for the caller to refuse. size is the body's
+// ContentLength (-1 if unknown), which sizes the buffer so that a body of
+// known length up to maxPresize is read into one allocation; a larger one
+// grows the buffer as its bytes arrive, so that a client cannot make the
+// server allocate by announcing a length it never sends.
+func readBody(body io.Reader, prefix []byte, limit, size int64) ([]byte, error) {
+	n := int64(512)
+	if size >= 0 {
+		n = min(size, limit, maxPresize) + 1 // +1: room for the read that finds the end
+	}
+	b := make([]byte, len(prefix)+8, len(prefix)+8+int(n))
+	copy(b, prefix)
+	end := int64(len(b)) + limit + 1 // read no more than limit+1 bytes
+	for body != nil && int64(len(b)) < end {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append grow the buffer
+		}
+		m, err := body.Read(b[len(b):min(int64(cap(b)), end)])
+		b = b[:len(b)+m]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// maxPresize is the largest body readBody allocates for before reading it.
+const maxPresize = 64 << 10
+
+// bodyReader is a request body read into memory, as the handler gets it.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(b []byte) *bodyReader {
+	r := new(bodyReader)
+	r.Reset(b)
+	return r
+}
+
+// Close implements io.Closer.
+func (*bodyReader) Close() error { return nil }
 
 // safeMethod reports whether method is safe by RFC 9110 §9.2.1.
 func safeMethod(method string) bool {
@@ -251,39 +306,42 @@ func safeMethod(method string) bool {
 	return false
 }
 
-// fingerprint returns the hex SHA-256 of the query, the fingerprint
-// headers and the body, each length-prefixed.
-func (m *Middleware) fingerprint(r *http.Request, body []byte) string {
-	d := sha256.New()
-	hashString(d, r.URL.RawQuery)
+// fingerprintPrefix appends to b what the fingerprint covers before the
+// body: the query and the fingerprint headers, each length-prefixed. The
+// fingerprint is the hex SHA-256 of that, the body's length and the body.
+func (m *Middleware) fingerprintPrefix(b []byte, r *http.Request) []byte {
+	b = appendString(b, r.URL.RawQuery)
 	for _, k := range m.cfg.fpHeaders {
 		for _, v := range r.Header.Values(k) {
-			hashString(d, k)
-			hashString(d, v)
+			b = appendString(appendString(b, k), v)
 		}
 	}
-	hashString(d, string(body))
-	return hex.EncodeToString(d.Sum(nil))
+	return b
 }
 
 // scopeID returns the store id of a key: the hex SHA-256 of the principal,
-// method, path and key, so that no principal's key meets another's and the
-// store holds no principal in the clear.
+// method, path and key, each length-prefixed, so that no principal's key
+// meets another's and the store holds no principal in the clear.
 func scopeID(principal, method, path, key string) string {
-	d := sha256.New()
-	hashString(d, "idemserver/v1")
-	hashString(d, principal)
-	hashString(d, method)
-	hashString(d, path)
-	hashString(d, key)
-	return hex.EncodeToString(d.Sum(nil))
+	var space [256]byte
+	b := appendString(space[:0], "idemserver/v1")
+	b = appendString(b, principal)
+	b = appendString(b, method)
+	b = appendString(b, path)
+	return hexSum(appendString(b, key))
 }
 
-func hashString(d hash.Hash, s string) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-	d.Write(n[:])
-	io.WriteString(d, s)
+// appendString appends s to b after its length, 8 bytes big-endian.
+func appendString(b []byte, s string) []byte {
+	return append(binary.BigEndian.AppendUint64(b, uint64(len(s))), s...)
+}
+
+// hexSum returns the SHA-256 of b in lower-case hex.
+func hexSum(b []byte) string {
+	sum := sha256.Sum256(b)
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
 }
 
 // pick returns the headers of h named in names.

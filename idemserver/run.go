@@ -219,51 +219,75 @@ func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop f
 	m := u.m
 	lease := m.cfg.lease
 	hold := lease - lease/fenceMargin
-	fence := time.AfterFunc(hold-time.Since(u.claimed), func() {
-		cancel(fmt.Errorf("idemserver: no lease renewal for %v of a %v lease: %w", hold, lease, ErrLockLost))
-	})
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			sent := time.Now()
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), min(m.cfg.timeout, lease/3))
-			now := m.now()
-			err := m.store.Renew(rctx, u.id, u.token, now, now.Add(lease))
-			rcancel()
-			switch {
-			case err == nil:
-				if ctx.Err() == nil {
-					fence.Reset(hold - time.Since(sent))
-				}
-			case errors.Is(err, ErrLockLost):
-				m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", u.id, "err", err)
-				cancel(err)
-				return
-			default:
-				m.cfg.logger.Warn("idemserver: lease not renewed", "id", u.id, "err", err)
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			fence.Stop()
-			close(done)
-		})
-		wg.Wait()
+	r := &renewer{u: u, ctx: ctx, cancel: cancel, lease: lease, hold: hold}
+	r.mu.Lock()
+	r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
+	r.t = time.AfterFunc(lease/3, r.tick)
+	r.mu.Unlock()
+	return r.stop
+}
+
+// renewer renews one run's lease on a timer, without a goroutine of its
+// own while no renewal is due.
+type renewer struct {
+	u           *run
+	ctx         context.Context
+	cancel      context.CancelCauseFunc
+	lease, hold time.Duration
+	fence, t    *time.Timer
+	mu          sync.Mutex
+	stopped     bool
+	running     sync.WaitGroup
+}
+
+func (r *renewer) lapse() {
+	r.cancel(fmt.Errorf("idemserver: no lease renewal for %v of a %v lease: %w", r.hold, r.lease, ErrLockLost))
+}
+
+func (r *renewer) tick() {
+	r.mu.Lock()
+	if r.stopped || r.ctx.Err() != nil {
+		r.mu.Unlock()
+		return
 	}
+	r.running.Add(1)
+	fence := r.fence
+	r.mu.Unlock()
+	defer r.running.Done()
+	m := r.u.m
+	sent := time.Now()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.ctx), min(m.cfg.timeout, r.lease/3))
+	now := m.now()
+	err := m.store.Renew(rctx, r.u.id, r.u.token, now, now.Add(r.lease))
+	rcancel()
+	switch {
+	case err == nil:
+		if r.ctx.Err() == nil {
+			fence.Reset(r.hold - time.Since(sent))
+		}
+	case errors.Is(err, ErrLockLost):
+		m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", r.u.id, "err", err)
+		r.cancel(err)
+		return
+	default:
+		m.cfg.logger.Warn("idemserver: lease not renewed", "id", r.u.id, "err", err)
+	}
+	r.mu.Lock()
+	if !r.stopped {
+		r.t.Reset(r.lease / 3)
+	}
+	r.mu.Unlock()
+}
+
+func (r *renewer) stop() {
+	r.mu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		r.fence.Stop()
+		r.t.Stop()
+	}
+	r.mu.Unlock()
+	r.running.Wait()
 }
 
 // Sweep deletes the records that expired, as the middleware does by

@@ -37,7 +37,8 @@ type opView struct {
 	Fingerprint string    `json:"fingerprint,omitempty"`
 	// Resend says whether Resume can send a pending operation again:
 	// "yes", "needs credentials", "body not journaled", "past resend
-	// window", "unreadable".
+	// window", "unreadable", or, on a shared journal, "leased: a replica
+	// may be sending it" (under a live lease of another owner).
 	Resend       string      `json:"resend,omitempty"`
 	Redacted     bool        `json:"redacted,omitempty"`
 	Unreplayable bool        `json:"unreplayable,omitempty"`
@@ -67,6 +68,8 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	case op.State == 0:
 		v.State, v.Resend = "unreadable", "unreadable"
 	case op.State != idem.StatePending:
+	case c.shared() && op.Owner != "" && op.LeaseUntil.After(c.now):
+		v.Resend = "leased: a replica may be sending it"
 	case op.Created.Before(c.now.Add(-c.policy.ResendWindow)):
 		v.Resend = "past resend window"
 	case op.Unreplayable:
@@ -236,9 +239,19 @@ func (c *cli) pending(_ []string) error {
 	if err != nil {
 		return err
 	}
+	summary := fmt.Sprintf("%d pending (in doubt: no process holds the journal, so none is in flight).", len(l.Operations))
+	if c.shared() {
+		leased := 0
+		for _, v := range l.Operations {
+			if strings.HasPrefix(v.Resend, "leased") {
+				leased++
+			}
+		}
+		summary = fmt.Sprintf("%d pending, %d under a live lease (a running replica may be sending them; the others are in doubt).", len(l.Operations), leased)
+	}
 	return c.printListing(l, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND", func(v opView) string {
 		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(v.Key), cell(dash(v.Name)), cell(dash(v.Method)), cell(dash(v.URL)), age(v.AgeSeconds), v.Attempts, cell(last(v)), v.Resend)
-	}, fmt.Sprintf("%d pending (in doubt: no process holds the journal, so none is in flight).", len(l.Operations)))
+	}, summary)
 }
 
 // printListing prints l as JSON, or as a table with header, one row a
@@ -352,7 +365,14 @@ func (c *cli) expire(arg string) (err error) {
 	if op.State != idem.StatePending {
 		return fmt.Errorf("operation %s is %s, not pending: nothing to expire", op.Key, op.State)
 	}
-	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", At: time.Now()}); err != nil {
+	if c.shared() {
+		// A replica may be sending it: take it under a lease of the
+		// command's own first, as a replica's Resume would.
+		if err := c.take(s, op); err != nil {
+			return err
+		}
+	}
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", At: c.storeNow(s)}); err != nil {
 		return err
 	}
 	if err := s.Close(); err != nil { // Finish is durable once Close returns
@@ -379,6 +399,9 @@ func (c *cli) gc(retention time.Duration, dryRun bool) (err error) {
 		return err
 	}
 	defer closeStore(s, &err)
+	if err := c.needPolicy("gc"); err != nil {
+		return err
+	}
 	if retention < 0 {
 		retention = c.policy.Retention
 	}
@@ -402,7 +425,7 @@ func (c *cli) gc(retention time.Duration, dryRun bool) (err error) {
 }
 
 // gcDryRun lists the finished operations a sweep at cutoff would delete.
-func (c *cli) gcDryRun(s *idem.BoltStore, cutoff time.Time) error {
+func (c *cli) gcDryRun(s idem.KeyStore, cutoff time.Time) error {
 	every, err := allRecords(c.ctx, s)
 	if err != nil && len(every) == 0 {
 		return err
@@ -426,6 +449,7 @@ func (c *cli) gcDryRun(s *idem.BoltStore, cutoff time.Time) error {
 
 // statsView is stats' JSON form.
 type statsView struct {
+	// FileSize is a bbolt journal's size; 0 for a PostgreSQL journal.
 	FileSize int64 `json:"file_size_bytes"`
 	// ByState counts the readable operations by state.
 	ByState    map[string]int `json:"by_state"`
@@ -446,15 +470,19 @@ func (c *cli) stats(_ []string) (err error) {
 		return err
 	}
 	defer closeStore(s, &err)
-	fi, err := os.Stat(c.journal)
-	if err != nil {
-		return err
+	var size int64
+	if !c.shared() {
+		fi, err := os.Stat(c.journal)
+		if err != nil {
+			return err
+		}
+		size = fi.Size()
 	}
 	ops, perr := salvagePending(c.ctx, s)
 	if perr != nil && len(ops) == 0 {
 		return perr
 	}
-	st := statsView{FileSize: fi.Size(), ByState: map[string]int{idem.StatePending.String(): 0}}
+	st := statsView{FileSize: size, ByState: map[string]int{idem.StatePending.String(): 0}}
 	every, werr := allRecords(c.ctx, s)
 	if werr != nil && len(every) == 0 {
 		return werr
@@ -491,7 +519,11 @@ func (c *cli) stats(_ []string) (err error) {
 		}
 	} else {
 		tw := c.table()
-		fmt.Fprintf(tw, "file\t%s (%d bytes)\n", c.journal, st.FileSize)
+		if c.shared() {
+			fmt.Fprintf(tw, "journal\t%s\n", c.where())
+		} else {
+			fmt.Fprintf(tw, "file\t%s (%d bytes)\n", c.journal, st.FileSize)
+		}
 		fmt.Fprintf(tw, "pending\t%d\n", st.ByState["pending"])
 		if st.OldestPending != nil {
 			fmt.Fprintf(tw, "oldest pending\t%s old (created %s)\n", age(st.OldestPendingAge), st.OldestPending.Format(time.RFC3339))

@@ -1,16 +1,20 @@
-// Command idem reads and tends an idem journal (the bbolt file that
-// idem.Open and idem.OpenBoltStore use): it lists and shows operations,
-// resumes or expires the pending ones, sweeps old finished ones, checks the
-// file for damage and counts what it holds.
+// Command idem reads and tends an idem journal: the bbolt file that
+// idem.Open and idem.OpenBoltStore use, or the PostgreSQL journal of
+// package pgstore that an application's replicas share. It lists and shows
+// operations, resumes or expires the pending ones, sweeps old finished
+// ones, checks a file for damage and counts what the journal holds.
 //
 // Usage:
 //
 //	idem [flags] COMMAND [command flags] [ARGS]
 //
 // Run "idem -h" for the commands and flags. The journal is named with
-// --journal or the IDEM_JOURNAL environment variable. A running
-// application holds the journal's lock: the command then exits with status
-// 3 and points to the application's live page (package idemstatus).
+// --journal (a path, or a postgres:// URL) or the IDEM_JOURNAL environment
+// variable. A running application holds a bbolt journal's lock: the
+// command then exits with status 3 and points to the application's live
+// page (package idemstatus). A PostgreSQL journal is shared: the command
+// is one more owner there, with a lease of its own, and never takes an
+// operation a running replica holds.
 //
 // Nothing idem journals is secret (credentials are never written), and the
 // command prints no request headers' values or bodies unless asked with
@@ -30,6 +34,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/pgstore"
 )
 
 func main() {
@@ -50,9 +55,10 @@ const (
 // envJournal names the journal when --journal is not given.
 const envJournal = "IDEM_JOURNAL"
 
-const usageText = `usage: idem [--journal PATH] [--json] [--lock-timeout D] COMMAND [ARGS]
+const usageText = `usage: idem [--journal PATH|URL] [--schema NAME] [--json] [--lock-timeout D] COMMAND [ARGS]
 
-Reads and tends an idem journal (the bbolt file of idem.Open).
+Reads and tends an idem journal: the bbolt file of idem.Open, or a
+PostgreSQL journal (package pgstore) that an application's replicas share.
 
 Commands:
   ls                 list every operation, pending and finished, one line each
@@ -74,7 +80,8 @@ Commands:
                      never below its floor, the resend window plus 1h)
                      [--retention D] [--dry-run: list, delete nothing]
   verify             check the file page by page and read every pending
-                     operation; exits 1 on damage
+                     operation; exits 1 on damage (bbolt files only:
+                     PostgreSQL checks its own pages)
   stats              counts, oldest pending operation, file size
   check URL          does an API honour keys? (no journal; idem check -h)
   help [COMMAND]     this text, or a command's flags
@@ -85,13 +92,22 @@ names and URLs that hold spaces, quotes or control characters (Go syntax);
 --json prints them as they are.
 
 Flags:
-  --journal PATH     the journal file (default $IDEM_JOURNAL)
+  --journal PATH|URL the journal: a bbolt file, or a postgres:// (or
+                     postgresql://) URL; put the password in PGPASSWORD
+                     rather than the URL (default $IDEM_JOURNAL)
+  --schema NAME      a PostgreSQL journal's schema (pgstore.WithSchema;
+                     default idem)
   --json             print JSON instead of tables, for scripts
-  --lock-timeout D   how long to wait for the journal's lock (default 1s)
+  --lock-timeout D   how long to wait for a bbolt journal's lock (default 1s)
 
-The journal has one user at a time: while an application has it open, the
-command exits with status 3; look at the application's live page
+A bbolt journal has one user at a time: while an application has it open,
+the command exits with status 3; look at the application's live page
 (idemstatus.Handler) instead, or stop the application.
+
+A PostgreSQL journal is shared: the command may run beside the replicas.
+resume is one more owner there, with a lease of its own: it takes only
+operations whose lease has lapsed (their replica died) and never one a
+running replica holds; expire refuses an operation under a live lease.
 
 Exit status: 0 done, 1 failed or damage found, 2 usage, 3 journal in use.
 `
@@ -107,6 +123,11 @@ type cli struct {
 	// policy is the journal's (idem.PolicyStore), completed with the
 	// defaults for what it does not say; open reads it.
 	policy idem.Policy
+	// hasPolicy reports that the store keeps a policy (idem.PolicyStore),
+	// stored or not yet.
+	hasPolicy bool
+	// schema is the PostgreSQL schema of a shared journal.
+	schema string
 }
 
 // command is one subcommand: its flags are set up by flags, its arguments
@@ -167,6 +188,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&c.journal, "journal", os.Getenv(envJournal), "")
 	fs.BoolVar(&c.json, "json", false, "")
 	fs.DurationVar(&c.lockTimeout, "lock-timeout", time.Second, "")
+	fs.StringVar(&c.schema, "schema", pgstore.DefaultSchema, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usageText)
@@ -195,7 +217,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	do := cmd.flags(sub)
 	if err := sub.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stdout, "usage: idem [--journal PATH] %s [flags] %s\n", name, cmd.args)
+			fmt.Fprintf(stdout, "usage: idem [--journal PATH|URL] %s [flags] %s\n", name, cmd.args)
 			printFlags(stdout, sub)
 			return exitOK
 		}
@@ -205,7 +227,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.usage(fmt.Sprintf("%s takes %d argument(s) (%s), got %d", name, cmd.nargs, cmd.args, sub.NArg()))
 	}
 	if c.journal == "" {
-		return c.usage("no journal: use --journal PATH or set " + envJournal)
+		return c.usage("no journal: use --journal PATH (or postgres://...) or set " + envJournal)
 	}
 	if err := do(c, sub.Args()); err != nil {
 		var ue usageError
@@ -239,162 +261,24 @@ func (c *cli) fail(err error) int {
 	case errors.Is(err, idem.ErrJournalLocked):
 		fmt.Fprintf(c.err, "idem: journal %s is in use by a running application (or another idem command).\n"+
 			"  A journal has one user at a time. See what the application is doing on its live\n"+
-			"  page (idemstatus.Handler, often mounted at /debug/idem), or stop it and try again.\n", c.journal)
+			"  page (idemstatus.Handler, often mounted at /debug/idem), or stop it and try again.\n", c.where())
 		return exitLocked
 	case errors.Is(err, errDamaged):
 		fmt.Fprintf(c.err, "idem: journal %s is damaged (see above).\n"+
 			"  An application refuses to open a damaged journal. Keep a copy of the file, then\n"+
 			"  restore it from a backup or move it aside; its pending operations must be\n"+
-			"  reconciled with the servers by their keys.\n", c.journal)
+			"  reconciled with the servers by their keys.\n", c.where())
 	case errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrRecordVersion):
+		if c.shared() {
+			fmt.Fprintf(c.err, "idem: %v\n  \"idem ls\" and \"idem pending\" list what is still readable, with the keys to reconcile.\n", err)
+			break
+		}
 		fmt.Fprintf(c.err, "idem: %v\n  Run \"idem --journal %s verify\" for details; \"idem ls\" and \"idem pending\"\n"+
 			"  list what is still readable, with the keys to reconcile.\n", err, c.journal)
 	default:
 		fmt.Fprintf(c.err, "idem: %v\n", err)
 	}
 	return exitFailed
-}
-
-// open opens the journal, which must exist: the command never creates
-// one.
-func (c *cli) open() (*idem.BoltStore, error) { return c.openStore(false) }
-
-// openSalvage opens the journal for reading what it can, damaged or not:
-// without Open's check of its records (see idem.BoltOptions.SkipCheck).
-// ls, pending, show and stats read through it, with BoltStore.Salvage.
-func (c *cli) openSalvage() (*idem.BoltStore, error) { return c.openStore(true) }
-
-func (c *cli) openStore(salvage bool) (*idem.BoltStore, error) {
-	if err := c.checkFile(); err != nil {
-		return nil, err
-	}
-	s, err := idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout, SkipCheck: salvage})
-	if err != nil {
-		return nil, err
-	}
-	p, err := s.Policy(c.ctx)
-	if err != nil {
-		fmt.Fprintf(c.err, "idem: the journal's policy cannot be read (%v): using the defaults\n", err)
-	}
-	c.policy = withDefaults(p)
-	return s, nil
-}
-
-// withDefaults completes a journal's policy with idem's defaults for what
-// it does not say (a journal written before policies were journaled says
-// nothing).
-func withDefaults(p idem.Policy) idem.Policy {
-	if p.KeyHeader == "" {
-		p.KeyHeader = idem.DefaultHeader
-	}
-	if p.ResendWindow <= 0 {
-		p.ResendWindow = idem.DefaultResendWindow
-	}
-	if p.Retention <= 0 {
-		p.Retention = idem.DefaultRetention
-	}
-	p.Retention = max(p.Retention, p.RetentionFloor())
-	return p
-}
-
-// checkFile checks that the journal is a non-empty regular file. An empty
-// file would be taken for a new journal.
-func (c *cli) checkFile() error {
-	fi, err := os.Stat(c.journal)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("no journal at %s", c.journal)
-	case err != nil:
-		return err
-	case !fi.Mode().IsRegular():
-		return fmt.Errorf("%s is not a regular file", c.journal)
-	case fi.Size() == 0:
-		return fmt.Errorf("%w: %s is empty (a journal is never empty: was it lost or truncated?)", idem.ErrJournalCorrupt, c.journal)
-	}
-	return nil
-}
-
-// closeStore closes s and joins its error to *err.
-func closeStore(s idem.KeyStore, err *error) {
-	if cerr := s.Close(); cerr != nil && !errors.Is(cerr, idem.ErrClosed) {
-		*err = errors.Join(*err, cerr)
-	}
-}
-
-// pendingPage is how many pending operations are read at a time.
-const pendingPage = 500
-
-// allPending reads every pending operation. Records the store could not
-// read are returned with State 0 and LastError set, and err says so.
-func allPending(ctx context.Context, s idem.KeyStore) ([]idem.Operation, error) {
-	return allPages(ctx, s.Pending)
-}
-
-// allRecords reads every record of s that can be read, of any state,
-// without bodies (idem.BoltStore.Salvage): unreadable records come with
-// State 0 and LastError, and err names them and any damaged page.
-func allRecords(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
-	return s.Salvage(ctx)
-}
-
-// salvagePending is allRecords' pending and unreadable records.
-func salvagePending(ctx context.Context, s *idem.BoltStore) ([]idem.Operation, error) {
-	ops, err := s.Salvage(ctx)
-	out := ops[:0]
-	for _, op := range ops {
-		if op.State == idem.StatePending || op.State == 0 {
-			out = append(out, op)
-		}
-	}
-	return out, err
-}
-
-// allPages reads every page of a listing in key order.
-func allPages(ctx context.Context, list func(ctx context.Context, after string, limit int) ([]idem.Operation, error)) ([]idem.Operation, error) {
-	var (
-		ops  []idem.Operation
-		errs []error
-	)
-	for after := ""; ; {
-		page, err := list(ctx, after, pendingPage)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		ops = append(ops, page...)
-		if len(page) < pendingPage {
-			return ops, errors.Join(errs...)
-		}
-		after = page[len(page)-1].Key
-	}
-}
-
-// find returns the operation with key or name arg. On a damaged journal
-// it looks among what Salvage reads.
-func find(ctx context.Context, s *idem.BoltStore, arg string) (idem.Operation, error) {
-	op, err := s.Get(ctx, arg)
-	if err == nil {
-		return op, nil
-	}
-	if errors.Is(err, idem.ErrJournalCorrupt) {
-		ops, serr := s.Salvage(ctx)
-		for _, op := range ops {
-			if op.Key == arg || op.Name == arg {
-				if op.State == 0 {
-					return op, fmt.Errorf("operation %s cannot be read: %s", cell(op.Key), op.LastError)
-				}
-				return op, nil
-			}
-		}
-		return op, fmt.Errorf("no readable operation with key or name %s: %w", cell(arg), errors.Join(err, serr))
-	}
-	if !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrInvalidKey) {
-		return op, err
-	}
-	op, nerr := s.Named(ctx, arg)
-	if errors.Is(nerr, idem.ErrNotFound) {
-		return op, fmt.Errorf("no operation with key or name %q (finished operations are swept after their retention)", arg)
-	}
-	return op, nerr
 }
 
 // sortedKeys returns m's keys in order.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,6 +30,9 @@ var crashChildren = map[string]func() int{}
 func TestMain(m *testing.M) {
 	if child, ok := crashChildren[crashtest.Mode()]; ok {
 		os.Exit(child())
+	}
+	if os.Getenv(envDSN) == "" && os.Getenv("CI") != "true" {
+		fmt.Fprintf(os.Stderr, "cmd/idem: PostgreSQL tests skipped: set %s=postgres://user:pass@127.0.0.1:5432/db to run them\n", envDSN)
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -51,11 +51,48 @@ var errResumeFailed = errors.New("some operations failed")
 
 // commandStore is the journal as the command's Client sees it: the
 // command never sweeps (only gc does) and never writes its own policy
-// over the application's.
-type commandStore struct{ *idem.BoltStore }
+// over the application's. It passes on the store's policy (resume needs
+// one) and when it last changed.
+type commandStore struct{ idem.KeyStore }
 
 func (commandStore) Sweep(context.Context, time.Time) (int, error) { return 0, nil }
 func (commandStore) SetPolicy(context.Context, idem.Policy) error  { return nil }
+
+// Policy passes on the store's policy; resume checks first that the store
+// keeps one.
+func (s commandStore) Policy(ctx context.Context) (idem.Policy, error) {
+	ps, ok := s.KeyStore.(idem.PolicyStore)
+	if !ok {
+		return idem.Policy{}, nil
+	}
+	return ps.Policy(ctx)
+}
+
+// LastChange passes on the store's, if it knows (the zero time otherwise,
+// as for an empty journal: the command sweeps nothing anyway).
+func (s commandStore) LastChange(ctx context.Context) (time.Time, error) {
+	if lc, ok := s.KeyStore.(idem.LastChanger); ok {
+		return lc.LastChange(ctx)
+	}
+	return time.Time{}, nil
+}
+
+// clockedStore is a commandStore on a store with a clock of its own (a
+// shared journal's): the command's leases are judged by it.
+type clockedStore struct {
+	commandStore
+	clock idem.Clock
+}
+
+func (s clockedStore) Now(ctx context.Context) (time.Time, error) { return s.clock.Now(ctx) }
+
+// forCommand wraps s for the command's Client.
+func forCommand(s idem.KeyStore) idem.KeyStore {
+	if clock, ok := s.(idem.Clock); ok {
+		return clockedStore{commandStore{s}, clock}
+	}
+	return commandStore{s}
+}
 
 // resume sends the pending operations again through a Client on the
 // journal, under the journal's policy: each key in the header its
@@ -74,6 +111,10 @@ func (c *cli) resume(o resumeOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := c.needPolicy("resume"); err != nil {
+		_ = s.Close()
+		return err
+	}
 	window := c.policy.ResendWindow
 	if o.window > 0 {
 		if o.window > window {
@@ -88,6 +129,11 @@ func (c *cli) resume(o resumeOptions) error {
 		idem.WithResendWindow(window),
 		idem.WithRetention(c.policy.Retention),
 		idem.WithResendMatchWindow(0),
+	}
+	if c.shared() {
+		// One more owner of the shared journal, with a lease of its own:
+		// Resume takes only what no running replica holds.
+		opts = append(opts, idem.WithOwner(owner()), idem.WithLease(commandLease))
 	}
 	if creds != nil {
 		opts = append(opts, idem.WithResumePrepare(func(r *http.Request) error {
@@ -104,7 +150,7 @@ func (c *cli) resume(o resumeOptions) error {
 			return nil
 		}))
 	}
-	client := idem.New(commandStore{s}, opts...)
+	client := idem.New(forCommand(s), opts...)
 	var (
 		mu      sync.Mutex
 		results = []resumeResult{}
@@ -153,6 +199,9 @@ func (c *cli) resume(o resumeOptions) error {
 			sum.Skipped++
 		}
 	})
+	if c.shared() {
+		c.release(s, results)
+	}
 	if err := client.Close(); err != nil {
 		rerr = errors.Join(rerr, err)
 	}
@@ -251,4 +300,20 @@ func readHeaderFile(path string, env func(string) (string, bool)) ([]credential,
 		return nil, fmt.Errorf("%s: no headers", path)
 	}
 	return out, nil
+}
+
+// release ends the command's lease on the operations resume took and left
+// pending (skipped, or failed without an answer), so that the replicas'
+// Resume may take them at once rather than when the lease lapses.
+func (c *cli) release(s idem.KeyStore, results []resumeResult) {
+	now := c.storeNow(s)
+	for _, r := range results {
+		if r.State != idem.StatePending.String() {
+			continue
+		}
+		err := s.Renew(c.ctx, r.Key, idem.Lease{Owner: owner(), At: now, Until: now})
+		if err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrNotFound) {
+			fmt.Fprintf(c.err, "idem: releasing operation %s: %v (its lease lapses within %s)\n", cell(r.Key), err, commandLease)
+		}
+	}
 }

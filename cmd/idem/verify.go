@@ -30,6 +30,10 @@ type verifyView struct {
 // its name. Finished records are checked by the first pass only: the
 // journal's API walks pending records alone.
 func (c *cli) verify(_ []string) error {
+	if c.shared() {
+		return usageError("verify checks a bbolt journal file page by page; a PostgreSQL journal has no file of idem's to check " +
+			"(PostgreSQL checks its own pages): ls, pending and stats read every record and name those that cannot be read")
+	}
 	v := verifyView{Problems: []string{}}
 	problem := func(format string, args ...any) {
 		if len(v.Problems) < maxProblems {
@@ -79,7 +83,7 @@ func (c *cli) verify(_ []string) error {
 		if op.Name == "" {
 			continue
 		}
-		named, err := s.Named(c.ctx, op.Name)
+		named, err := s.(*idem.BoltStore).Named(c.ctx, op.Name)
 		switch {
 		case err != nil:
 			problem("pending operation %s: its name %q does not resolve: %v", op.Key, op.Name, err)

@@ -297,11 +297,18 @@ func (w *Writer[T]) loop() {
 			}
 		}
 		closing := w.closed // this group is Close's last attempt
-		group = append(group[:0], w.queue[:n]...)
-		clear(w.queue[:n])
-		w.queue = w.queue[n:]
-		if len(w.queue) == 0 {
-			w.queue = w.queue[:0:0] // let the old backing array go
+		if n == len(w.queue) && cap(w.queue) <= w.maxGroup {
+			// The common case: the group takes the whole queue. Swap the
+			// two arrays instead of copying, so that a steady stream of
+			// groups allocates no queue.
+			group, w.queue = w.queue, group[:0]
+		} else {
+			group = append(group[:0], w.queue[:n]...)
+			clear(w.queue[:n])
+			w.queue = w.queue[n:]
+			if len(w.queue) == 0 {
+				w.queue = w.queue[:0:0] // let the old backing array go
+			}
 		}
 		w.mu.Unlock()
 

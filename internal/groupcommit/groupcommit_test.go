@@ -537,3 +537,27 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	}
 }
+
+// TestSteadyDoAllocatesNothing checks that a caller committing one change
+// after another costs the writer no allocation: the queue's arrays are
+// reused from group to group, and Do's items come from a pool.
+func TestSteadyDoAllocatesNothing(t *testing.T) {
+	var tx struct{}
+	w := New(func(fn func(*struct{}) error) error { return fn(&tx) }, Options{})
+	defer w.Close()
+	ctx := context.Background()
+	fn := func(*struct{}) error { return nil }
+	for range 10 { // warm the pool and the queue's arrays
+		if err := w.Do(ctx, fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := w.Do(ctx, fn); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Do allocates %v times per call, want 0", allocs)
+	}
+}
