@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -100,6 +101,25 @@ func (j *journal) stamp(op *Operation) {
 	op.State, op.Created, op.Updated = StatePending, now, now
 	op.Owner, op.LeaseUntil = j.owner, now.Add(j.lease)
 	op.KeyHeader = j.keyHeader
+}
+
+// checkReserve returns why op may not be reserved, or nil. It is the
+// journal's check of every record it passes to Reserve, which no store
+// repeats.
+func checkReserve(op *Operation) error {
+	return CheckKey(op.Key)
+}
+
+// finish writes the outcome o of rec, which this journal holds pending:
+// the one place that decides what a finished record keeps. The store
+// writes o as it is given.
+func (j *journal) finish(ctx context.Context, rec *Operation, o Outcome) error {
+	if !o.State.Finished() {
+		return fmt.Errorf("idem: finish %q: state %s is not final", rec.Key, o.State)
+	}
+	o.Sent = max(o.Sent, 0)
+	o.URL = TrimQuery(rec.URL)
+	return j.store.Finish(ctx, rec.Key, o)
 }
 
 // anchorClock measures the offset to the store's clock, if it has one,

@@ -130,6 +130,9 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 // server's stored answer under the same key.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	j.stamp(op)
+	if err := checkReserve(op); err != nil {
+		return nil, nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
+	}
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -321,7 +324,7 @@ func (o *operation) settle(v verdict, status int) {
 		}
 		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			// The journal still holds the operation as pending: no Settled.
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
 		} else if o.hooks.any() {
@@ -394,7 +397,7 @@ func (o *operation) stop(cause, err error) error {
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
 	}
 	o.end(func() {
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})

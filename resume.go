@@ -182,7 +182,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 				if err != nil {
 					text = err.Error()
 				}
-				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text, At: j.now()}); ferr != nil {
+				if ferr := j.finish(context.Background(), &rec, Outcome{State: state, Status: rec.LastStatus, Err: text, At: j.now()}); ferr != nil {
 					err = errors.Join(err, ferr)
 				}
 			}

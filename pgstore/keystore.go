@@ -165,9 +165,6 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
-	if err := idem.CheckKey(op.Key); err != nil {
-		return idem.Operation{}, false, err
-	}
 	header, err := encodeHeader(op.Header)
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
@@ -294,11 +291,8 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if !o.State.Finished() {
-		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
-	}
 	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(o.At)}})
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(o.At), o.URL}})
 }
 
 // Pending implements idem.KeyStore.

@@ -111,14 +111,14 @@ func newQueries(schema string, dbClock bool) queries {
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
 		// Attempt: $2 sent, $3 status, $4 error, $5 updated.
-		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + GREATEST($2, 0), last_status = $3, last_error = $4, updated = $5
+		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + $2, last_status = $3, last_error = $4, updated = $5
 		WHERE key = $1 AND (SELECT true FROM async)`),
 
-		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated. The
-		// replayable request goes, and so does the URL's query; the lease
-		// ends.
-		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + GREATEST($3, 0), last_status = $4, last_error = $5,
-			updated = $6, header = NULL, body = NULL, lease_until = 0, url = split_part(url, '?', 1)
+		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated, $7
+		// the URL the finished record keeps (the journal's). The
+		// replayable request goes; the lease ends.
+		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + $3, last_status = $4, last_error = $5,
+			updated = $6, header = NULL, body = NULL, lease_until = 0, url = $7
 		WHERE key = $1 AND (SELECT true FROM async)`),
 
 		// Pending: $1 after, $2 limit (NULL: no limit).

@@ -209,6 +209,20 @@ func dropsTheKeyHeader(*testing.T) idem.KeyStore {
 	return b
 }
 
+// finishRedactsItself keeps the URL it derives from the record, as
+// pgstore once did (dropping only a query), instead of the one the journal
+// passes.
+func finishRedactsItself(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.finish = func(ctx context.Context, key string, o idem.Outcome) error {
+		if op, err := b.MemoryStore.Get(ctx, key); err == nil {
+			o.URL, _, _ = strings.Cut(op.URL, "?")
+		}
+		return b.MemoryStore.Finish(ctx, key, o)
+	}
+	return b
+}
+
 // acquireKeepsOldRequest reopens a finished operation without the new
 // request it is given.
 func acquireKeepsOldRequest(*testing.T) idem.KeyStore {
@@ -237,6 +251,7 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		{"reads its own clock", Config{Open: readsItsOwnClock}, "Attempt counts requests and keeps the operation pending"},
 		{"drops the key header", Config{Open: dropsTheKeyHeader}, "the key header travels with the record"},
 		{"Acquire keeps the old request", Config{Open: acquireKeepsOldRequest}, "Acquire reopens a finished record with a new request"},
+		{"Finish redacts the URL itself", Config{Open: finishRedactsItself}, "Finish records the outcome and drops the request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := runRecorded(t, tc.config)

@@ -1,0 +1,161 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+)
+
+// thinSpy is a memory store that checks what the journal passes it: the
+// store contract leaves every rule about a record to the journal, so every
+// record it reserves must be valid and complete, and every outcome final,
+// with the URL the finished record keeps.
+type thinSpy struct {
+	*idem.MemoryStore
+	mu       sync.Mutex
+	reserves int
+	finishes map[string]idem.Outcome
+	bad      []string
+}
+
+func newThinSpy() *thinSpy {
+	return &thinSpy{MemoryStore: idem.NewMemoryStore(), finishes: map[string]idem.Outcome{}}
+}
+
+func (s *thinSpy) fault(format string, args ...any) {
+	s.mu.Lock()
+	s.bad = append(s.bad, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+func (s *thinSpy) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
+	s.mu.Lock()
+	s.reserves++
+	s.mu.Unlock()
+	if err := idem.CheckKey(op.Key); err != nil {
+		s.fault("Reserve got key %q: %v", op.Key, err)
+	}
+	if op.State != idem.StatePending || op.Created.IsZero() || op.Updated.IsZero() || op.Owner == "" || op.LeaseUntil.IsZero() {
+		s.fault("Reserve got an incomplete record: %+v", op)
+	}
+	return s.MemoryStore.Reserve(ctx, op)
+}
+
+func (s *thinSpy) Attempt(ctx context.Context, key string, a idem.Attempt) error {
+	if a.Sent < 0 || a.At.IsZero() {
+		s.fault("Attempt(%s) got %+v", key, a)
+	}
+	return s.MemoryStore.Attempt(ctx, key, a)
+}
+
+func (s *thinSpy) Finish(ctx context.Context, key string, o idem.Outcome) error {
+	rec, err := s.MemoryStore.Get(ctx, key)
+	switch {
+	case err != nil:
+		s.fault("Finish(%s) of no record: %v", key, err)
+	case rec.State != idem.StatePending:
+		s.fault("Finish(%s) of a %s record", key, rec.State)
+	case !o.State.Finished() || o.Sent < 0 || o.At.IsZero():
+		s.fault("Finish(%s) got %+v", key, o)
+	case o.URL != idem.TrimQuery(rec.URL) || o.URL == "":
+		s.fault("Finish(%s) got URL %q for a record of %q", key, o.URL, rec.URL)
+	}
+	s.mu.Lock()
+	s.finishes[key] = o
+	s.mu.Unlock()
+	return s.MemoryStore.Finish(ctx, key, o)
+}
+
+// TestJournalPassesThinStoreCalls drives a Client over the spy through a
+// settled call, a refused one, one that fails unsent and one Resume
+// finishes: the journal validates, completes and redacts, so the store has
+// nothing to decide.
+func TestJournalPassesThinStoreCalls(t *testing.T) {
+	var fail sync.Map // paths that cut the connection
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if _, ok := fail.Load(r.URL.Path); ok { // no answer: the outcome is unknown
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	spy := newThinSpy()
+	c := idem.New(spy, idem.WithMaxAttempts(1), idem.WithSecretQueryParams("card"))
+	defer func() { require.NoError(t, c.Close()) }()
+	hc := c.HTTPClient()
+	post := func(ctx context.Context, url string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"amount":42}`))
+		require.NoError(t, err)
+		return hc.Do(req)
+	}
+
+	// A settled call: the finished record keeps neither query nor fragment.
+	ctx := idem.WithKey(t.Context(), "key-settled")
+	resp, err := post(ctx, srv.URL+"/pay?card=4242&ref=7#receipt")
+	require.NoError(t, err)
+	_, _ = io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	rec, err := spy.Get(t.Context(), "key-settled")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+	assert.Equal(t, srv.URL+"/pay", rec.URL, "the finished record's URL")
+
+	// An invalid key never reaches the store.
+	before := spy.reserves
+	_, err = post(idem.WithKey(t.Context(), "not a key"), srv.URL+"/pay")
+	require.ErrorIs(t, err, idem.ErrInvalidKey)
+	assert.Equal(t, before, spy.reserves, "Reserve calls for an invalid key")
+
+	// A call refused by a closed port was never sent: it fails unsent.
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	_, err = post(idem.WithKey(t.Context(), "key-unsent"), closed.URL+"/pay?ref=1")
+	require.Error(t, err)
+	if rec, err := spy.Get(t.Context(), "key-unsent"); err == nil {
+		assert.Equal(t, closed.URL+"/pay", rec.URL, "the unsent record's URL")
+	}
+
+	// A call left in doubt (no answer), then finished by Resume.
+	fail.Store("/doubt", true)
+	_, err = post(idem.WithKey(t.Context(), "key-doubt"), srv.URL+"/doubt?ref=1#x")
+	require.Error(t, err)
+	fail.Delete("/doubt")
+	rec, err = spy.Get(t.Context(), "key-doubt")
+	require.NoError(t, err)
+	require.Equal(t, idem.StatePending, rec.State, "a call without an answer is in doubt")
+	resumed := 0
+	require.NoError(t, c.Resume(t.Context(), func(op idem.Operation, resp *http.Response, err error) {
+		resumed++
+		if assert.NoError(t, err, op.Key) {
+			_ = resp.Body.Close()
+		}
+	}))
+	assert.Equal(t, 1, resumed)
+	rec, err = spy.Get(t.Context(), "key-doubt")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+	assert.Equal(t, srv.URL+"/doubt", rec.URL)
+
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	assert.Empty(t, spy.bad, "what the journal passed its store")
+	if o, ok := spy.finishes["key-settled"]; assert.True(t, ok) {
+		assert.Equal(t, srv.URL+"/pay", o.URL)
+	}
+}
