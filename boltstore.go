@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +37,8 @@ import (
 // Leases are kept as the KeyStore contract says, with one addition: the
 // file lock proves that no other process uses the journal, so a lease left
 // by an earlier process has lapsed as soon as the file is opened again.
+// What its format cannot hold it refuses: Reserve of an empty key or of one
+// ending in a NUL byte (ErrInvalidKey); the journal's keys are neither.
 //
 // After a crash, every Reserve and Acquire that returned is in the file;
 // transactions that had not finished committing are rolled back by bbolt.
@@ -336,7 +337,7 @@ func (s *BoltStore) heldByOther(l Lease, owner string, until int64) bool {
 }
 
 // Acquire implements KeyStore. It returns once the change is durable.
-func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
+func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request) (Operation, error) {
 	if err := s.check(ctx); err != nil {
 		return Operation{}, err
 	}
@@ -356,12 +357,12 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 			}
 			r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
 			if !pending {
-				r.State = uint8(StatePending)
-				if apart = len(body) >= bodyApart; apart {
+				r.State, r.URL = uint8(StatePending), rq.URL
+				if apart = len(rq.Body) >= bodyApart; apart {
 					r.Flags |= flagBodyApart
-					req = codec.AppendRequest(nil, header, nil)
+					req = codec.AppendRequest(nil, rq.Header, nil)
 				} else {
-					req = codec.AppendRequest(nil, header, body)
+					req = codec.AppendRequest(nil, rq.Header, rq.Body)
 				}
 			}
 			return req, nil
@@ -370,7 +371,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 			return err
 		}
 		if apart {
-			if err := ops.Put(bodyKey(key), body); err != nil {
+			if err := ops.Put(bodyKey(key), rq.Body); err != nil {
 				return err
 			}
 		}

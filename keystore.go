@@ -63,7 +63,8 @@ type Operation struct {
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string
 	// Method and URL are those of the request. The URL carries no user info
-	// and no secret query parameters; a finished record keeps no query.
+	// and no secret query parameters; a finished record keeps neither query
+	// nor fragment (TrimQuery).
 	Method, URL string
 	// Host is the request's Host header when it differs from the URL's
 	// host (a virtual host), or "".
@@ -114,6 +115,17 @@ type Lease struct {
 // It is the lease test of Acquire and Claim, for stores written in Go.
 func (l Lease) BlockedBy(owner string, until time.Time) bool {
 	return owner != "" && owner != l.Owner && until.After(l.At)
+}
+
+// Request is the replayable request of a pending record: what Acquire
+// reopens a finished record with.
+type Request struct {
+	// URL is the request's URL as the journal reserved it, query
+	// included: the finished record kept it without (Outcome.URL).
+	URL string
+	// Header and Body are the journaled header and body.
+	Header http.Header
+	Body   []byte
 }
 
 // Attempt is what KeyStore.Attempt records of requests that were written
@@ -230,10 +242,10 @@ type KeyStore interface {
 	// it, with its replayable request. If the record is pending under
 	// another owner's lease that has not lapsed at l.At (Lease.BlockedBy),
 	// Acquire changes nothing and returns an error matching ErrInProgress.
-	// If the record is finished, it is made pending again with header and
-	// body as its replayable request; a pending record keeps its own.
-	// Updated becomes l.At.
-	Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error)
+	// If the record is finished, it is made pending again with req as its
+	// replayable request (URL, Header and Body); a pending record keeps
+	// its own. Updated becomes l.At.
+	Acquire(ctx context.Context, key string, l Lease, req Request) (Operation, error)
 
 	// Renew extends l.Owner's lease on the pending record for key to
 	// l.Until (which may be l.At, releasing it). It returns an error

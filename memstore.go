@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -99,7 +98,7 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 }
 
 // Acquire implements KeyStore.
-func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
+func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, req Request) (Operation, error) {
 	if err := m.lock(ctx); err != nil {
 		return Operation{}, err
 	}
@@ -113,7 +112,7 @@ func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header h
 	}
 	if op.State != StatePending {
 		op.State = StatePending
-		op.Header, op.Body = header.Clone(), body
+		op.URL, op.Header, op.Body = req.URL, req.Header.Clone(), req.Body
 	}
 	op.Owner, op.LeaseUntil = l.Owner, l.Until
 	op.Updated = l.At

@@ -171,7 +171,7 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
-	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
+	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
 	}

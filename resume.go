@@ -262,7 +262,7 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		}
 		if settled { // fn had read the answer before it panicked
 			j := c.t.j
-			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(j.now()), rec.Header, rec.Body); err != nil {
+			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(j.now()), Request{URL: rec.URL, Header: rec.Header, Body: rec.Body}); err != nil {
 				perr = errors.Join(perr, err)
 			}
 		}

@@ -159,3 +159,91 @@ func TestJournalPassesThinStoreCalls(t *testing.T) {
 		assert.Equal(t, srv.URL+"/pay", o.URL)
 	}
 }
+
+// TestReopenedRecordKeepsItsURL settles a call with its last, transient
+// answer, re-drives its key (Acquire reopens the finished record), leaves
+// the re-drive in doubt and lets Resume send it: Resume must send the URL
+// the call had, query included, not the one the finished record kept.
+func TestReopenedRecordKeepsItsURL(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		mode = "500"
+		seen []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen = append(seen, r.URL.RequestURI())
+		m := mode
+		mu.Unlock()
+		switch m {
+		case "500":
+			w.WriteHeader(http.StatusInternalServerError)
+		case "cut":
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	defer srv.Close()
+	setMode := func(m string) { mu.Lock(); mode = m; mu.Unlock() }
+	spy := newThinSpy()
+	c := idem.New(spy, idem.WithMaxAttempts(1))
+	defer func() { require.NoError(t, c.Close()) }()
+	call := func() error {
+		req, err := http.NewRequestWithContext(idem.WithKey(t.Context(), "key-reopen"), http.MethodPost, srv.URL+"/pay?ref=42", strings.NewReader(`{"amount":42}`))
+		require.NoError(t, err)
+		resp, err := c.HTTPClient().Do(req)
+		if err == nil {
+			_, _ = io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+		}
+		return err
+	}
+	require.NoError(t, call()) // a 500, the last attempt: settled, failed
+	rec, err := spy.Get(t.Context(), "key-reopen")
+	require.NoError(t, err)
+	require.Equal(t, idem.StateFailed, rec.State)
+	require.Equal(t, srv.URL+"/pay", rec.URL, "a finished record keeps no query")
+
+	setMode("cut")
+	require.Error(t, call()) // the re-drive reopens it, and gets no answer
+	rec, err = spy.Get(t.Context(), "key-reopen")
+	require.NoError(t, err)
+	require.Equal(t, idem.StatePending, rec.State)
+	assert.Equal(t, srv.URL+"/pay?ref=42", rec.URL, "the reopened record's URL")
+
+	setMode("ok")
+	require.NoError(t, c.Resume(t.Context(), func(op idem.Operation, resp *http.Response, err error) {
+		if assert.NoError(t, err, op.Key) {
+			_ = resp.Body.Close()
+		}
+	}))
+	rec, err = spy.Get(t.Context(), "key-reopen")
+	require.NoError(t, err)
+	require.Equal(t, idem.StateSucceeded, rec.State)
+
+	// A Resume handler that read the answer and then panicked: Resume makes
+	// the finished operation pending again, with its URL.
+	setMode("cut")
+	require.Error(t, call())
+	setMode("ok")
+	require.Error(t, c.Resume(t.Context(), func(op idem.Operation, resp *http.Response, err error) {
+		require.NoError(t, err)
+		_, _ = io.ReadAll(resp.Body)
+		panic("handler bug")
+	}))
+	rec, err = spy.Get(t.Context(), "key-reopen")
+	require.NoError(t, err)
+	require.Equal(t, idem.StatePending, rec.State, "after the handler panicked")
+	assert.Equal(t, srv.URL+"/pay?ref=42", rec.URL, "the URL after the handler panicked")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(seen), 5, "the calls, the re-drives and the Resumes")
+	for i, uri := range seen { // net/http may have replayed the cut request
+		assert.Equal(t, "/pay?ref=42", uri, "request %d the server received", i+1)
+	}
+}

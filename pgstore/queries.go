@@ -87,12 +87,13 @@ func newQueries(schema string, dbClock bool) queries {
 		 LIMIT 1)`),
 
 		// Acquire: $2 owner, $3 lease until, $4 updated, $5 header, $6
-		// body, $7 lease at, $8 incarnation. A finished row becomes pending
-		// with the given request; a row under another holder's live lease
+		// body, $7 lease at, $8 incarnation, $9 URL. A finished row becomes
+		// pending with the given request; a row under another holder's live lease
 		// (another owner, or the same owner name in another incarnation)
 		// is left alone.
 		acquire: r.Replace(`UPDATE {ops} SET
 			owner = $2, lease_until = {now7} + ($3::bigint - $7::bigint), updated = $4, incarnation = $8,
+			url = CASE WHEN state = 1 THEN url ELSE $9 END,
 			header = CASE WHEN state = 1 THEN header ELSE $5 END,
 			body = CASE WHEN state = 1 THEN body ELSE $6 END,
 			state = 1
