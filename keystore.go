@@ -178,16 +178,19 @@ func TrimQuery(u string) string {
 //
 // A store is thin: it keeps records as it is told and does only what must
 // be atomic. Every rule about a record lives in the journal (the Client),
-// which passes its result: it validates keys (CheckKey) and names before
-// Reserve; it sets every field of the record it reserves (state, times,
-// owner and lease, key header, the request with its credentials removed);
-// it computes what a finished record keeps (Outcome: the final state, the
-// URL without its query and fragment); and it decides every transition: it
-// records attempts and outcomes only for pending operations it holds,
-// passes Finish only final states, and never a negative count. A store
-// repeats none of these rules and defaults nothing. The rules that stay in
-// a store are those that must be decided on the record as it is at the
-// moment of the write, where no caller can decide them without a race:
+// which passes its result. It validates keys (CheckKey) and names before
+// Reserve. It sets every field of the record it reserves (state, times,
+// owner and lease, key header, the request with its credentials removed).
+// It computes what a finished record keeps (Outcome: the final state, the
+// URL without its query and fragment). It passes error text (Attempt.Err,
+// Outcome.Err) as valid UTF-8 without NUL bytes, at most 2 KiB long. And it
+// decides every transition: it records attempts and outcomes only for
+// pending operations it holds, passes Finish only final states and never a
+// negative count, and reopens a finished record with the request it
+// reserved (Request). A store repeats none of these rules and defaults
+// nothing. The rules that stay in a store are those that must be decided
+// on the record as it is at the moment of the write, where no caller can
+// decide them without a race:
 //
 //   - Reserve inserts only if no record has the name (first) or the key;
 //   - Acquire leases only if no other owner's lease is live at Lease.At,
@@ -198,9 +201,9 @@ func TrimQuery(u string) string {
 //     step as it selects them;
 //   - Sweep deletes only finished records last updated before the cutoff.
 //
-// A store may refuse, or clean, what its format cannot hold, and says so
-// on its type (a NUL byte in a key for the bbolt journal, in text for
-// PostgreSQL).
+// A store may refuse what its format cannot hold, and says so on its type
+// (the bbolt journal refuses a key ending in a NUL byte; PostgreSQL text
+// that is not UTF-8).
 //
 // Reserve, Acquire and Renew must not return before their change is durable:
 // the transport sends nothing until they return. Attempt and Finish may

@@ -288,7 +288,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,7 +54,7 @@ func (s *thinSpy) Reserve(ctx context.Context, op idem.Operation) (idem.Operatio
 }
 
 func (s *thinSpy) Attempt(ctx context.Context, key string, a idem.Attempt) error {
-	if a.Sent < 0 || a.At.IsZero() {
+	if a.Sent < 0 || a.At.IsZero() || !recordable(a.Err) {
 		s.fault("Attempt(%s) got %+v", key, a)
 	}
 	return s.MemoryStore.Attempt(ctx, key, a)
@@ -65,7 +67,7 @@ func (s *thinSpy) Finish(ctx context.Context, key string, o idem.Outcome) error 
 		s.fault("Finish(%s) of no record: %v", key, err)
 	case rec.State != idem.StatePending:
 		s.fault("Finish(%s) of a %s record", key, rec.State)
-	case !o.State.Finished() || o.Sent < 0 || o.At.IsZero():
+	case !o.State.Finished() || o.Sent < 0 || o.At.IsZero() || !recordable(o.Err):
 		s.fault("Finish(%s) got %+v", key, o)
 	case o.URL != idem.TrimQuery(rec.URL) || o.URL == "":
 		s.fault("Finish(%s) got URL %q for a record of %q", key, o.URL, rec.URL)
@@ -74,6 +76,12 @@ func (s *thinSpy) Finish(ctx context.Context, key string, o idem.Outcome) error 
 	s.finishes[key] = o
 	s.mu.Unlock()
 	return s.MemoryStore.Finish(ctx, key, o)
+}
+
+// recordable reports whether s is error text as the journal passes it:
+// valid UTF-8 without NUL, at most 2 KiB.
+func recordable(s string) bool {
+	return len(s) <= 2048 && utf8.ValidString(s) && !strings.Contains(s, "\x00")
 }
 
 // TestJournalPassesThinStoreCalls drives a Client over the spy through a
@@ -246,4 +254,28 @@ func TestReopenedRecordKeepsItsURL(t *testing.T) {
 	for i, uri := range seen { // net/http may have replayed the cut request
 		assert.Equal(t, "/pay?ref=42", uri, "request %d the server received", i+1)
 	}
+}
+
+// TestJournalCleansErrorText fails a call with an error whose text is
+// long, not UTF-8 and has a NUL byte: the journal records it cleaned and
+// bounded, the same for every store (pgstore alone used to clean it).
+func TestJournalCleansErrorText(t *testing.T) {
+	bad := "proxy said \xff\xfe\x00 Bad Gateway " + strings.Repeat("é", 10000)
+	spy := newThinSpy()
+	c := idem.New(spy, idem.WithMaxAttempts(1), idem.WithBaseTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		return nil, errors.New(bad) // after the request went out: in doubt
+	})))
+	defer func() { require.NoError(t, c.Close()) }()
+	req, err := http.NewRequestWithContext(idem.WithKey(t.Context(), "key-text"), http.MethodPost, "https://pay.example/v1/charges", strings.NewReader("{}"))
+	require.NoError(t, err)
+	_, err = c.HTTPClient().Do(req)
+	require.Error(t, err)
+	rec, err := spy.Get(t.Context(), "key-text")
+	require.NoError(t, err)
+	assert.True(t, recordable(rec.LastError), "LastError of %d bytes: %.60q", len(rec.LastError), rec.LastError)
+	assert.Contains(t, rec.LastError, "proxy said \uFFFD\uFFFD Bad Gateway")
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	assert.Empty(t, spy.bad, "what the journal passed its store")
 }
