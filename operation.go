@@ -130,6 +130,9 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 // server's stored answer under the same key.
 func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [32]byte, matched bool) (*operation, <-chan struct{}, error) {
 	j.stamp(op)
+	if err := checkReserve(op); err != nil {
+		return nil, nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
+	}
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -168,7 +171,7 @@ func (j *journal) reserve(ctx context.Context, op *Operation, ids *flights, mk [
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
-	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
+	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
 	}
@@ -285,7 +288,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
@@ -321,7 +324,7 @@ func (o *operation) settle(v verdict, status int) {
 		}
 		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			// The journal still holds the operation as pending: no Settled.
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
 		} else if o.hooks.any() {
@@ -394,7 +397,7 @@ func (o *operation) stop(cause, err error) error {
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
 	}
 	o.end(func() {
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})

@@ -182,7 +182,7 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 				if err != nil {
 					text = err.Error()
 				}
-				if ferr := j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text, At: j.now()}); ferr != nil {
+				if ferr := j.finish(context.Background(), &rec, Outcome{State: state, Status: rec.LastStatus, Err: text, At: j.now()}); ferr != nil {
 					err = errors.Join(err, ferr)
 				}
 			}
@@ -262,7 +262,7 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		}
 		if settled { // fn had read the answer before it panicked
 			j := c.t.j
-			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(j.now()), rec.Header, rec.Body); err != nil {
+			if _, err := j.store.Acquire(context.Background(), rec.Key, j.newLease(j.now()), Request{URL: rec.URL, Header: rec.Header, Body: rec.Body}); err != nil {
 				perr = errors.Join(perr, err)
 			}
 		}

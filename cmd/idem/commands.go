@@ -50,7 +50,7 @@ type opView struct {
 
 func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	v := opView{
-		Key: op.Key, Name: op.Name, State: op.State.String(), Method: op.Method, URL: withoutQuery(op.URL), Host: op.Host,
+		Key: op.Key, Name: op.Name, State: op.State.String(), Method: op.Method, URL: idem.TrimQuery(op.URL), Host: op.Host,
 		Attempts: op.Attempts, LastStatus: op.LastStatus, LastError: op.LastError,
 		Created: op.Created, Updated: op.Updated, Owner: op.Owner, LeaseUntil: op.LeaseUntil,
 		Redacted: op.Redacted, Unreplayable: op.Unreplayable,
@@ -372,7 +372,7 @@ func (c *cli) expire(arg string) (err error) {
 			return err
 		}
 	}
-	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", At: c.storeNow(s)}); err != nil {
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", URL: idem.TrimQuery(op.URL), At: c.storeNow(s)}); err != nil {
 		return err
 	}
 	if err := s.Close(); err != nil { // Finish is durable once Close returns

@@ -30,7 +30,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -289,14 +288,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// withoutQuery returns u without its query and fragment.
-func withoutQuery(u string) string {
-	if i := strings.IndexAny(u, "?#"); i >= 0 {
-		return u[:i]
-	}
-	return u
 }
 
 // printFlags prints fs's flags as the command spells them, with two
