@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -31,7 +33,9 @@ func WithKey(ctx context.Context, key string) context.Context {
 // within the resend window is sent again with its key (the server replays
 // its answer); beyond the window it is refused with an error matching
 // ErrExpired that carries the recorded outcome. Calls of one name at once
-// take turns: a later one waits for the earlier one to end.
+// take turns: a later one waits for the earlier one to end. A name is 1 to
+// 1024 bytes of valid UTF-8 without NUL bytes, so that every store can keep
+// it; any other is refused (ErrInvalidKey) before anything is journaled.
 func WithOperation(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, operationContext{}, name)
 }
@@ -70,6 +74,10 @@ func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySourc
 	if n, ok := ctx.Value(operationContext{}).(string); ok {
 		if n == "" || len(n) > maxNameLen {
 			return "", "", keyFromName, fmt.Errorf("operation name must be 1 to %d bytes, got %d", maxNameLen, len(n))
+		}
+		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
+			// Every store can keep it (PostgreSQL's text refuses the others).
+			return "", "", keyFromName, fmt.Errorf("operation name %s must be valid UTF-8 without NUL bytes", quote(n))
 		}
 		key, err := t.cfg.newKey()
 		return key, n, keyFromName, err
