@@ -81,8 +81,8 @@ Commands:
 
 The command acts under the policy the application journaled (key header,
 resend window, retention); its flags may only be stricter. Tables quote
-names and URLs that hold spaces, quotes or control characters (Go syntax);
---json prints them as they are.
+names and URLs that hold spaces, quotes or control characters (Go syntax),
+and lists cut those over 96 bytes; show and --json print them whole.
 
 Flags:
   --journal PATH     the journal file (default $IDEM_JOURNAL)

@@ -496,3 +496,21 @@ func overwrite(t *testing.T, path string, off int64, b []byte) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 }
+
+// TestREADMEShowsTheHelp: the README's copy of the command list is the
+// one the command prints (it had drifted: other wording for resume, expire
+// and help).
+func TestREADMEShowsTheHelp(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	commands := func(s string) string {
+		_, after, ok := strings.Cut(s, "\nCommands:\n")
+		require.True(t, ok, "no command list")
+		list, _, _ := strings.Cut(after, "\n\n")
+		list, _, _ = strings.Cut(list, "\n```")
+		return list
+	}
+	_, block, ok := strings.Cut(string(readme), "```\nusage: idem ")
+	require.True(t, ok, "README has no usage block")
+	assert.Equal(t, commands(usageText), commands(block))
+}
