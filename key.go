@@ -83,6 +83,9 @@ func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySourc
 		return key, n, keyFromName, err
 	}
 	if k := headerKey(req.Header, t.cfg.header); k != "" {
+		if other := otherHeaderKey(req.Header, t.cfg.header, k); other != "" {
+			return "", "", keyFromHeader, fmt.Errorf("header %s holds two keys, %s and %s", t.cfg.header, quote(k), quote(other))
+		}
 		return k, "", keyFromHeader, t.cfg.checkKey(k)
 	}
 	key, err = t.cfg.newKey()
@@ -116,4 +119,20 @@ func validKey(k string) error {
 		}
 	}
 	return nil
+}
+
+// otherHeaderKey returns a value of the key header (in any spelling) other
+// than k, or "": a request with two keys is refused, not sent with one.
+func otherHeaderKey(h http.Header, name, k string) string {
+	for hk, vs := range h {
+		if !strings.EqualFold(hk, name) {
+			continue
+		}
+		for _, v := range vs {
+			if v != k {
+				return v
+			}
+		}
+	}
+	return ""
 }
