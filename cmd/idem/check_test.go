@@ -223,6 +223,16 @@ func TestLooksLikeSandbox(t *testing.T) {
 		"https://api.checkout.com/payments":          false,
 		"https://8.8.8.8/x":                          false,
 		"https://payment.direct.worldline-solutions": false,
+		"https://connect.squareupsandbox.com/v2":     true,
+		"https://pal-test.adyen.com/pal":             true,
+		"https://api.testing.example.com/":           true,
+		"https://test.api.example.com/":              true,
+		// "test" inside a word is no sign of a sandbox: these hosts are
+		// live, and the check charges up to 32 times.
+		"https://api.latestpay.com/v1/charges":  false,
+		"https://pay.fastest-checkout.io/":      false,
+		"https://api.greatestbank.com/payments": false,
+		"https://attestation.example.com/":      false,
 	} {
 		p, err := url.Parse(u)
 		require.NoError(t, err)
