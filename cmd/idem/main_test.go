@@ -144,6 +144,12 @@ func TestUsage(t *testing.T) {
 		{[]string{"ls"}, exitUsage, "no journal"},
 		{[]string{"--journal", "x", "show"}, exitUsage, "show takes 1 argument"},
 		{[]string{"--journal", "x", "gc", "--retention", "soon"}, exitUsage, "invalid value"},
+		// A negative duration or count was taken for the default (gc
+		// swept under the journal's retention) instead of refused.
+		{[]string{"--journal", "x", "gc", "--retention", "-5h"}, exitUsage, "--retention must not be negative"},
+		{[]string{"--journal", "x", "resume", "--resend-window", "-1s"}, exitUsage, "--resend-window must not be negative"},
+		{[]string{"--journal", "x", "resume", "--concurrency", "-1"}, exitUsage, "--concurrency must not be negative"},
+		{[]string{"--journal", "x", "--lock-timeout", "-1s", "ls"}, exitUsage, "--lock-timeout must not be negative"},
 		{[]string{"--journal", filepath.Join(t.TempDir(), "none.db"), "ls"}, exitFailed, "no journal at"},
 	} {
 		r := runIdem(t, tc.args...)
