@@ -162,6 +162,9 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if !ok || strings.TrimSpace(name) == "" {
 			return usage(fmt.Sprintf("-H %q is not 'Name: value'", h))
 		}
+		if why := unsendableHeader(strings.TrimSpace(name), strings.TrimSpace(value)); why != "" {
+			return usage(fmt.Sprintf("-H %q cannot be sent: %s", h, why))
+		}
 		cfg.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
 	if cfg.Body, err = readBodyFlag(*body); err != nil {
@@ -265,4 +268,19 @@ func looksLikeSandbox(u *url.URL) bool {
 		}
 	}
 	return false
+}
+
+// unsendableHeader says why net/http would refuse to send a header, or "".
+func unsendableHeader(name, value string) string {
+	for i := 0; i < len(name); i++ {
+		if b := name[i]; b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
+			return fmt.Sprintf("the name has %q, which is not allowed in a header name", b)
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if b := value[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return fmt.Sprintf("the value has the control byte 0x%02x", b)
+		}
+	}
+	return ""
 }

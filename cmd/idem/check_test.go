@@ -245,3 +245,20 @@ func TestBodyType(t *testing.T) {
 	assert.Equal(t, "application/json", bodyType(`[1]`))
 	assert.Equal(t, "application/x-www-form-urlencoded", bodyType(`amount=1&currency=eur`))
 }
+
+// TestCheckRefusesUnsendableHeaders: a -H that net/http cannot send (a
+// control byte in the value, a name that is not a token) is a usage
+// error; it ran every scenario, each refused locally, and reported them
+// "unknown" with "13 requests sent" when none was.
+func TestCheckRefusesUnsendableHeaders(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	for _, h := range []string{"X-A: a\x01b", "X-A: a\x7f", "X A: v", "X-(A): v"} {
+		var out, errOut bytes.Buffer
+		code := checkCmd(t.Context(), []string{"-H", h, "-d", "x", srv.URL + "/v1/charges"}, &out, &errOut)
+		assert.Equal(t, exitUsage, code, "%q: %s", h, errOut.String())
+		assert.Contains(t, errOut.String(), "-H", "%q", h)
+	}
+	assert.Zero(t, hits.Load(), "nothing sent")
+}
