@@ -145,9 +145,10 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 		}
 	}
 	s.w = groupcommit.New(f.update, groupcommit.Options{
-		MaxGroup: opt.MaxGroup,
-		Recover:  f.corrupt,
-		OnCommit: opt.OnCommit,
+		MaxGroup:   opt.MaxGroup,
+		Recover:    f.corrupt,
+		OnCommit:   opt.OnCommit,
+		AsyncDelay: opt.asyncDelay,
 		OnAsyncError: func(err error) {
 			s.log.Warn("idem: queued journal change not written yet", "err", err)
 			if opt.OnWriteError != nil {

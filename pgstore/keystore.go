@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,11 +87,50 @@ func nullName(name string) any {
 	return name
 }
 
+// rawHeader marks a header column written as JSON of base64 values
+// (map[string][][]byte), for headers with values that are not UTF-8
+// (obs-text), which JSON strings would turn into U+FFFD. Other headers are
+// JSON of http.Header, whose first byte is '{'.
+const rawHeader = 'b'
+
 func encodeHeader(h http.Header) ([]byte, error) {
 	if h == nil {
 		return nil, nil
 	}
+	for _, vs := range h {
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				raw := make(map[string][][]byte, len(h))
+				for k, vs := range h {
+					for _, v := range vs {
+						raw[k] = append(raw[k], []byte(v))
+					}
+				}
+				b, err := json.Marshal(raw)
+				return append([]byte{rawHeader}, b...), err
+			}
+		}
+	}
 	return json.Marshal(h)
+}
+
+// decodeHeader reads what encodeHeader wrote.
+func decodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 || b[0] != rawHeader {
+		var h http.Header
+		return h, json.Unmarshal(b, &h)
+	}
+	var raw map[string][][]byte
+	if err := json.Unmarshal(b[1:], &raw); err != nil || raw == nil {
+		return nil, fmt.Errorf("header: %v", err)
+	}
+	h := make(http.Header, len(raw))
+	for k, vs := range raw {
+		for _, v := range vs {
+			h[k] = append(h[k], string(v))
+		}
+	}
+	return h, nil
 }
 
 // row is an operations row as scanned, before it is checked.
@@ -147,7 +187,8 @@ func (r *row) operation() (idem.Operation, error) {
 	}
 	copy(op.Fingerprint[:], r.fingerprint)
 	if r.header != nil {
-		if err := json.Unmarshal(r.header, &op.Header); err != nil || op.Header == nil {
+		var err error
+		if op.Header, err = decodeHeader(r.header); err != nil || op.Header == nil {
 			return idem.Operation{}, corrupt("header")
 		}
 	}

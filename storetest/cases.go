@@ -49,6 +49,16 @@ var tests = []struct {
 		plain := NewOperation("k2")
 		same(t, "a record without a key header", h.reserve(t, plain), plain)
 	}},
+	{"a header value reads back byte for byte, obs-text too", func(t T, h *harness) {
+		// net/http sends bytes 0x80-0xff in a header value as they are
+		// (RFC 9110 obs-text); a resend must carry the same bytes, not
+		// U+FFFD, or a server that fingerprints headers sees another
+		// payload.
+		op := NewOperation("k1")
+		op.Header = http.Header{"X-Note": {"caf\xe9", "\xff\xfe"}, "Content-Type": {"application/json"}}
+		same(t, "Reserve", h.reserve(t, op), op)
+		same(t, "Get", h.get(t, "k1"), op)
+	}},
 	{"Reserve returns an existing key unchanged", func(t T, h *harness) {
 		op := NewOperation("k1")
 		h.reserve(t, op)
