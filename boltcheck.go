@@ -58,7 +58,7 @@ func (f *boltFile) check() error {
 			pending[op.Key] = op.Name
 		}
 		err = names.ForEach(func(name, key []byte) error {
-			if err := validKey(string(key)); err != nil {
+			if err := CheckKey(string(key)); err != nil {
 				note(fmt.Errorf("%w: name %q maps to %q, which is no key", ErrJournalCorrupt, name, key))
 			} else if n, ok := pending[string(key)]; ok {
 				if n != string(name) {

@@ -189,7 +189,7 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 	if err := s.Finish(ctx, "future", idem.Outcome{State: idem.StateSucceeded}); !errors.Is(err, idem.ErrRecordVersion) {
 		t.Errorf("Finish: got %v, want ErrRecordVersion", err)
 	}
-	if _, err := s.Acquire(ctx, "future", idem.Lease{Owner: "me"}, nil, nil); !errors.Is(err, idem.ErrRecordVersion) {
+	if _, err := s.Acquire(ctx, "future", idem.Lease{Owner: "me"}, idem.Request{}); !errors.Is(err, idem.ErrRecordVersion) {
 		t.Errorf("Acquire: got %v, want ErrRecordVersion", err)
 	}
 	pend, err := s.Pending(ctx, "", 0)

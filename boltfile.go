@@ -65,6 +65,11 @@ type BoltOptions struct {
 	// beforeCompact runs when Open has decided to compact the journal,
 	// with its lock held. It exists for tests.
 	beforeCompact func()
+	// asyncDelay, if set, replaces how long queued Attempt and Finish
+	// marks wait for a durable write to carry them (groupcommit's
+	// AsyncDelay). It exists for tests that need the marks to ride a
+	// given commit.
+	asyncDelay time.Duration
 }
 
 // Defaults of BoltOptions.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +37,8 @@ import (
 // Leases are kept as the KeyStore contract says, with one addition: the
 // file lock proves that no other process uses the journal, so a lease left
 // by an earlier process has lapsed as soon as the file is opened again.
+// What its format cannot hold it refuses: Reserve of an empty key or of one
+// ending in a NUL byte (ErrInvalidKey); the journal's keys are neither.
 //
 // After a crash, every Reserve and Acquire that returned is in the file;
 // transactions that had not finished committing are rolled back by bbolt.
@@ -144,9 +145,10 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 		}
 	}
 	s.w = groupcommit.New(f.update, groupcommit.Options{
-		MaxGroup: opt.MaxGroup,
-		Recover:  f.corrupt,
-		OnCommit: opt.OnCommit,
+		MaxGroup:   opt.MaxGroup,
+		Recover:    f.corrupt,
+		OnCommit:   opt.OnCommit,
+		AsyncDelay: opt.asyncDelay,
 		OnAsyncError: func(err error) {
 			s.log.Warn("idem: queued journal change not written yet", "err", err)
 			if opt.OnWriteError != nil {
@@ -233,11 +235,11 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	if err := s.check(ctx); err != nil {
 		return Operation{}, false, err
 	}
-	if err := CheckKey(op.Key); err != nil {
-		return Operation{}, false, err
-	}
-	if op.State != StatePending {
-		op.Header, op.Body = nil, nil
+	if op.Key == "" || isBodyKey([]byte(op.Key)) {
+		// What the format cannot hold: bbolt has no empty key, and a key
+		// ending in NUL names a body stored apart. The journal's keys are
+		// visible ASCII (CheckKey).
+		return Operation{}, false, fmt.Errorf("reserve %q: %w: the bbolt journal cannot hold an empty key or one ending in NUL", op.Key, ErrInvalidKey)
 	}
 	s.seen(op.Owner)
 	rv := &reservation{op: op}
@@ -324,11 +326,10 @@ func (s *BoltStore) seen(owner string) {
 	}
 }
 
-// heldByOther is Lease.heldByOther, with leases of owners not seen since
+// heldByOther is Lease.BlockedBy, with leases of owners not seen since
 // the file was opened lapsed.
 func (s *BoltStore) heldByOther(l Lease, owner string, until int64) bool {
-	op := Operation{Owner: owner, LeaseUntil: fromNanos(until)}
-	if !l.heldByOther(&op) {
+	if !l.BlockedBy(owner, fromNanos(until)) {
 		return false
 	}
 	_, live := s.owners.Load(owner)
@@ -336,7 +337,7 @@ func (s *BoltStore) heldByOther(l Lease, owner string, until int64) bool {
 }
 
 // Acquire implements KeyStore. It returns once the change is durable.
-func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
+func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request) (Operation, error) {
 	if err := s.check(ctx); err != nil {
 		return Operation{}, err
 	}
@@ -356,12 +357,12 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 			}
 			r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
 			if !pending {
-				r.State = uint8(StatePending)
-				if apart = len(body) >= bodyApart; apart {
+				r.State, r.URL = uint8(StatePending), rq.URL
+				if apart = len(rq.Body) >= bodyApart; apart {
 					r.Flags |= flagBodyApart
-					req = codec.AppendRequest(nil, header, nil)
+					req = codec.AppendRequest(nil, rq.Header, nil)
 				} else {
-					req = codec.AppendRequest(nil, header, body)
+					req = codec.AppendRequest(nil, rq.Header, rq.Body)
 				}
 			}
 			return req, nil
@@ -370,7 +371,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, header htt
 			return err
 		}
 		if apart {
-			if err := ops.Put(bodyKey(key), body); err != nil {
+			if err := ops.Put(bodyKey(key), rq.Body); err != nil {
 				return err
 			}
 		}
@@ -473,7 +474,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 			return err
 		}
 		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
-			r.Attempts += int64(max(a.Sent, 0))
+			r.Attempts += int64(a.Sent)
 			r.LastStatus, r.LastError = int64(a.Status), a.Err
 			r.Updated = now
 			return req, nil
@@ -491,12 +492,8 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 
 // Finish implements KeyStore. The change, which also drops the stored
 // request, is queued for the next commit; Finish returns an error at once
-// only if o.State is not final or the record does not exist or cannot be
-// read.
+// only if the record does not exist or cannot be read.
 func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
-	if !o.State.Finished() {
-		return fmt.Errorf("idem: finish %q: state %s is not final", key, o.State)
-	}
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -512,10 +509,9 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 		apart := false
 		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			r.State = uint8(o.State)
-			r.Attempts += int64(max(o.Sent, 0))
-			r.LastStatus, r.LastError = int64(o.Status), o.Err
+			r.Attempts += int64(o.Sent)
+			r.LastStatus, r.LastError, r.URL = int64(o.Status), o.Err, o.URL
 			r.LeaseUntil = 0
-			r.URL = withoutQuery(r.URL)
 			r.Updated = now
 			apart = r.Flags&flagBodyApart != 0
 			r.Flags &^= flagBodyApart

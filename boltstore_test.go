@@ -305,7 +305,7 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	}
 	// Acquire makes it pending again with a new large body.
 	again := body("4000000000000028", 64<<10)
-	if _, err := s.Acquire(ctx, "a-big", l, nil, again); err != nil {
+	if _, err := s.Acquire(ctx, "a-big", l, idem.Request{URL: "https://api.example.com/v1/charges", Body: again}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Named(ctx, "pay:big"); err != nil || !bytes.Equal(got.Body, again) {

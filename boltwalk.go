@@ -226,7 +226,10 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 			if err != nil {
 				return err
 			}
-			type victim struct{ key, name []byte }
+			type victim struct {
+				key, name []byte
+				apart     bool // its body is stored apart
+			}
 			var doomed []victim
 			c := ops.Cursor()
 			k, v := c.First()
@@ -255,7 +258,7 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 				if _, err := codec.DecodeHead(v, &r); err != nil || r.Updated >= limit {
 					continue
 				}
-				doomed = append(doomed, victim{bytes.Clone(k), []byte(r.Name)})
+				doomed = append(doomed, victim{bytes.Clone(k), []byte(r.Name), r.Flags&flagBodyApart != 0})
 			}
 			if more {
 				from = append(bytes.Clone(next), 0)
@@ -263,6 +266,11 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 			for _, d := range doomed {
 				if err := ops.Delete(d.key); err != nil {
 					return err
+				}
+				if d.apart { // a record reserved finished with a large body
+					if err := ops.Delete(bodyKey(string(d.key))); err != nil {
+						return err
+					}
 				}
 				if len(d.name) > 0 && bytes.Equal(names.Get(d.name), d.key) {
 					if err := names.Delete(d.name); err != nil {

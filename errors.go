@@ -87,9 +87,11 @@ var (
 	// or when the failure of a request without a key may have reached the server.
 	ErrNotRetryable = errors.New("idem: failure is not retryable")
 	// ErrExpired is returned when an operation is older than the resend
-	// window: the server may have forgotten its key, so idem does not send it
-	// again. The application must reconcile it.
-	ErrExpired = errors.New("idem: operation is past the resend window")
+	// window (the server may have forgotten its key), or was expired (by
+	// Resume past that window, or by an operator with idem expire, which is
+	// final): idem does not send it again. The application must reconcile
+	// it.
+	ErrExpired = errors.New("idem: operation expired, not sent again")
 )
 
 // Error is the error the transport returns when a keyed operation ends

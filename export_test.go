@@ -1,5 +1,7 @@
 package idem
 
+import "time"
+
 // OpenBoltStorePerWrite opens a BoltStore that commits every change in its
 // own bbolt Update, without group commit: the benchmarks' baseline. It uses
 // the same codec and layout as OpenBoltStore.
@@ -39,5 +41,18 @@ func OpenBoltStoreBeforeCompact(path string, o *BoltOptions, hook func()) (*Bolt
 		opt = *o
 	}
 	opt.beforeCompact = hook
+	return OpenBoltStore(path, &opt)
+}
+
+// OpenBoltStoreHoldingMarks opens a BoltStore whose queued Attempt and
+// Finish marks are not committed on their own (for an hour), so they ride
+// the next durable write or Close: for tests that need the marks in a
+// given commit.
+func OpenBoltStoreHoldingMarks(path string, o *BoltOptions) (*BoltStore, error) {
+	var opt BoltOptions
+	if o != nil {
+		opt = *o
+	}
+	opt.asyncDelay = time.Hour
 	return OpenBoltStore(path, &opt)
 }

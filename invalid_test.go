@@ -104,6 +104,33 @@ func TestUnsendableRequests(t *testing.T) {
 	}
 }
 
+// TestUnstorableOperationName: a name every store can keep is valid
+// UTF-8 without NUL bytes (PostgreSQL's text refuses the others). Such a
+// name is refused before anything is journaled or sent, the same way on
+// every store, not accepted by one journal and reported by another as a
+// failed write, as if the database were unreachable.
+func TestUnstorableOperationName(t *testing.T) {
+	for _, name := range []string{"pay:\xff", "pay:\x00", "pay:caf\xe9"} {
+		t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
+			rt := &scriptRT{steps: []step{resp(201)}}
+			c, store := newTestClient(rt)
+			defer c.Close()
+			req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), name),
+				http.MethodPost, "https://pay.example/x", strings.NewReader(`{}`))
+			require.NoError(t, err)
+			r, err := c.Transport().RoundTrip(req)
+			if r != nil {
+				r.Body.Close()
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, idem.ErrInvalidKey, "error: %v", err)
+			assert.Empty(t, rt.sent, "nothing sent")
+			assert.Empty(t, pendingOf(t, store), "nothing pending")
+			assert.Zero(t, store.Len(), "nothing journaled")
+		})
+	}
+}
+
 // fuzzBase is the base RoundTripper of FuzzRoundTrip: it counts the
 // requests that reach it and checks, for keyed ones, that the key is valid
 // and already journaled.

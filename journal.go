@@ -3,10 +3,13 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // journal is what an operation needs of its surroundings: the store, this
@@ -100,6 +103,48 @@ func (j *journal) stamp(op *Operation) {
 	op.State, op.Created, op.Updated = StatePending, now, now
 	op.Owner, op.LeaseUntil = j.owner, now.Add(j.lease)
 	op.KeyHeader = j.keyHeader
+}
+
+// checkReserve returns why op may not be reserved, or nil. It is the
+// journal's check of every record it passes to Reserve, which no store
+// repeats.
+func checkReserve(op *Operation) error {
+	return CheckKey(op.Key)
+}
+
+// maxErrText bounds the error text a record keeps (LastError): a longer
+// text is cut at a character boundary and ends with "…".
+const maxErrText = 2048
+
+// recordedText returns s as a record keeps an error text: valid UTF-8
+// (invalid bytes become U+FFFD), without NUL bytes, and at most maxErrText
+// bytes long. Every store then holds the same text, whatever its format.
+func recordedText(s string) string {
+	if len(s) <= maxErrText && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s // the common case costs no allocation
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= maxErrText {
+		return s
+	}
+	cut := maxErrText - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// finish writes the outcome o of rec, which this journal holds pending:
+// the one place that decides what a finished record keeps. The store
+// writes o as it is given.
+func (j *journal) finish(ctx context.Context, rec *Operation, o Outcome) error {
+	if !o.State.Finished() {
+		return fmt.Errorf("idem: finish %q: state %s is not final", rec.Key, o.State)
+	}
+	o.Sent = max(o.Sent, 0)
+	o.URL = TrimQuery(rec.URL)
+	o.Err = recordedText(o.Err)
+	return j.store.Finish(ctx, rec.Key, o)
 }
 
 // anchorClock measures the offset to the store's clock, if it has one,

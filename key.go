@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -31,7 +33,9 @@ func WithKey(ctx context.Context, key string) context.Context {
 // within the resend window is sent again with its key (the server replays
 // its answer); beyond the window it is refused with an error matching
 // ErrExpired that carries the recorded outcome. Calls of one name at once
-// take turns: a later one waits for the earlier one to end.
+// take turns: a later one waits for the earlier one to end. A name is 1 to
+// 1024 bytes of valid UTF-8 without NUL bytes, so that every store can keep
+// it; any other is refused (ErrInvalidKey) before anything is journaled.
 func WithOperation(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, operationContext{}, name)
 }
@@ -71,10 +75,17 @@ func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySourc
 		if n == "" || len(n) > maxNameLen {
 			return "", "", keyFromName, fmt.Errorf("operation name must be 1 to %d bytes, got %d", maxNameLen, len(n))
 		}
+		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
+			// Every store can keep it (PostgreSQL's text refuses the others).
+			return "", "", keyFromName, fmt.Errorf("operation name %s must be valid UTF-8 without NUL bytes", quote(n))
+		}
 		key, err := t.cfg.newKey()
 		return key, n, keyFromName, err
 	}
 	if k := headerKey(req.Header, t.cfg.header); k != "" {
+		if other := otherHeaderKey(req.Header, t.cfg.header, k); other != "" {
+			return "", "", keyFromHeader, fmt.Errorf("header %s holds two keys, %s and %s", t.cfg.header, quote(k), quote(other))
+		}
 		return k, "", keyFromHeader, t.cfg.checkKey(k)
 	}
 	key, err = t.cfg.newKey()
@@ -111,4 +122,20 @@ func validKey(k string) error {
 		}
 	}
 	return nil
+}
+
+// otherHeaderKey returns a value of the key header (in any spelling) other
+// than k, or "": a request with two keys is refused, not sent with one.
+func otherHeaderKey(h http.Header, name, k string) string {
+	for hk, vs := range h {
+		if !strings.EqualFold(hk, name) {
+			continue
+		}
+		for _, v := range vs {
+			if v != k {
+				return v
+			}
+		}
+	}
+	return ""
 }

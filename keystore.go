@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -62,7 +63,8 @@ type Operation struct {
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string
 	// Method and URL are those of the request. The URL carries no user info
-	// and no secret query parameters; a finished record keeps no query.
+	// and no secret query parameters; a finished record keeps neither query
+	// nor fragment (TrimQuery).
 	Method, URL string
 	// Host is the request's Host header when it differs from the URL's
 	// host (a virtual host), or "".
@@ -108,17 +110,29 @@ type Lease struct {
 	At, Until time.Time
 }
 
-// heldByOther reports whether op is leased to another owner than l's at
-// l.At.
-func (l Lease) heldByOther(op *Operation) bool {
-	return op.Owner != "" && op.Owner != l.Owner && op.LeaseUntil.After(l.At)
+// BlockedBy reports whether a pending record leased to owner until until
+// keeps l out: it is another owner's lease that has not lapsed at l.At.
+// It is the lease test of Acquire and Claim, for stores written in Go.
+func (l Lease) BlockedBy(owner string, until time.Time) bool {
+	return owner != "" && owner != l.Owner && until.After(l.At)
+}
+
+// Request is the replayable request of a pending record: what Acquire
+// reopens a finished record with.
+type Request struct {
+	// URL is the request's URL as the journal reserved it, query
+	// included: the finished record kept it without (Outcome.URL).
+	URL string
+	// Header and Body are the journaled header and body.
+	Header http.Header
+	Body   []byte
 }
 
 // Attempt is what KeyStore.Attempt records of requests that were written
 // while the operation stays pending.
 type Attempt struct {
 	// Sent counts the requests written (usually 1; net/http may write a
-	// request twice on a reused connection).
+	// request twice on a reused connection). It is never negative.
 	Sent int
 	// Status is the HTTP status of the last response, or 0 when none came.
 	Status int
@@ -137,16 +151,59 @@ type Outcome struct {
 	// Err is the text of the error when there was no response, or "".
 	Err string
 	// Sent counts the requests written that no Attempt recorded (0 when the
-	// last request was recorded, or nothing was sent).
+	// last request was recorded, or nothing was sent). It is never
+	// negative.
 	Sent int
+	// URL is the URL the finished record keeps: the journal passes the
+	// record's URL without its query and fragment (TrimQuery), which may
+	// hold secrets or personal data.
+	URL string
 	// At is when the mark is made; the store sets Updated to it.
 	At time.Time
+}
+
+// TrimQuery returns u without its query and fragment: the URL a finished
+// record keeps (Outcome.URL), and the one tools show.
+func TrimQuery(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i]
+	}
+	return u
 }
 
 // KeyStore is the journal behind a Client: the memory store, the bbolt
 // journal, the PostgreSQL store of package pgstore, or a user's own. It must
 // be safe for concurrent use. Package storetest checks an implementation
 // against this contract.
+//
+// A store is thin: it keeps records as it is told and does only what must
+// be atomic. Every rule about a record lives in the journal (the Client),
+// which passes its result. It validates keys (CheckKey) and names before
+// Reserve. It sets every field of the record it reserves (state, times,
+// owner and lease, key header, the request with its credentials removed).
+// It computes what a finished record keeps (Outcome: the final state, the
+// URL without its query and fragment). It passes error text (Attempt.Err,
+// Outcome.Err) as valid UTF-8 without NUL bytes, at most 2 KiB long. And it
+// decides every transition: it records attempts and outcomes only for
+// pending operations it holds, passes Finish only final states and never a
+// negative count, and reopens a finished record with the request it
+// reserved (Request). A store repeats none of these rules and defaults
+// nothing. The rules that stay in a store are those that must be decided
+// on the record as it is at the moment of the write, where no caller can
+// decide them without a race:
+//
+//   - Reserve inserts only if no record has the name (first) or the key;
+//   - Acquire leases only if no other owner's lease is live at Lease.At,
+//     and reopens a finished record with the request it is given while a
+//     pending one keeps its own;
+//   - Renew changes the lease only of a pending record Lease.Owner holds;
+//   - Claim leases only pending records whose lease is free, in the same
+//     step as it selects them;
+//   - Sweep deletes only finished records last updated before the cutoff.
+//
+// A store may refuse what its format cannot hold, and says so on its type
+// (the bbolt journal refuses a key ending in a NUL byte; PostgreSQL text
+// that is not UTF-8).
 //
 // Reserve, Acquire and Renew must not return before their change is durable:
 // the transport sends nothing until they return. Attempt and Finish may
@@ -180,17 +237,18 @@ type KeyStore interface {
 	// replayable request if it is pending. A store may keep op.Header and
 	// op.Body, and the record returned for a created operation may share
 	// them: the caller must change neither afterwards. The store keeps
-	// every field as given, State, Created and Updated included (the
-	// Client sets them); a record created finished keeps no request.
+	// every field as given, State, Created, Updated, Header and Body
+	// included: the journal has validated and completed op.
 	Reserve(ctx context.Context, op Operation) (rec Operation, created bool, err error)
 
 	// Acquire gives the record for key to l.Owner until l.Until and returns
 	// it, with its replayable request. If the record is pending under
-	// another owner's lease that has not lapsed at l.At, Acquire changes
-	// nothing and returns an error matching ErrInProgress. If the record is
-	// finished, it is made pending again with header and body as its
-	// replayable request. Updated becomes l.At.
-	Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error)
+	// another owner's lease that has not lapsed at l.At (Lease.BlockedBy),
+	// Acquire changes nothing and returns an error matching ErrInProgress.
+	// If the record is finished, it is made pending again with req as its
+	// replayable request (URL, Header and Body); a pending record keeps
+	// its own. Updated becomes l.At.
+	Acquire(ctx context.Context, key string, l Lease, req Request) (Operation, error)
 
 	// Renew extends l.Owner's lease on the pending record for key to
 	// l.Until (which may be l.At, releasing it). It returns an error
@@ -203,13 +261,17 @@ type KeyStore interface {
 	Get(ctx context.Context, key string) (Operation, error)
 
 	// Attempt records requests written under key: it adds a.Sent to
-	// Attempts and sets LastStatus, LastError and Updated (to a.At). The
-	// operation stays pending.
+	// Attempts and sets LastStatus, LastError and Updated (to a.At), and
+	// changes nothing else. The journal calls it only for a pending record
+	// it holds.
 	Attempt(ctx context.Context, key string, a Attempt) error
 
-	// Finish moves the record for key to the final state o.State, adds
-	// o.Sent to Attempts, records status and error, sets Updated to o.At,
-	// drops the replayable request and ends the lease.
+	// Finish writes the outcome o of the record for key: State becomes
+	// o.State, Attempts grows by o.Sent, LastStatus, LastError, URL and
+	// Updated become o.Status, o.Err, o.URL and o.At; the replayable
+	// request is dropped and the lease ends. It writes what it is given:
+	// the journal calls it only for a pending record it holds, with a
+	// final state and the URL the finished record keeps.
 	Finish(ctx context.Context, key string, o Outcome) error
 
 	// Pending returns up to limit pending records with keys after after
@@ -238,7 +300,8 @@ type KeyStore interface {
 }
 
 // CheckKey returns an error matching ErrInvalidKey unless key is 1 to 255
-// bytes of visible ASCII: the check every KeyStore makes in Reserve.
+// bytes of visible ASCII: the check the journal makes of every key before
+// it reserves it, so no KeyStore needs to.
 func CheckKey(key string) error {
 	if err := validKey(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)

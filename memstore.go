@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -77,9 +76,6 @@ func (m *MemoryStore) lock(ctx context.Context) error {
 
 // Reserve implements KeyStore.
 func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, bool, error) {
-	if err := CheckKey(op.Key); err != nil {
-		return Operation{}, false, err
-	}
 	if err := m.lock(ctx); err != nil {
 		return Operation{}, false, err
 	}
@@ -92,9 +88,6 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if ex, ok := m.ops[op.Key]; ok {
 		return copyOp(ex), false, nil
 	}
-	if op.State.Finished() {
-		op.Header, op.Body = nil, nil
-	}
 	rec := op // shares op.Header and op.Body, as Reserve's contract allows
 	m.ops[op.Key] = &rec
 	m.noteDone(&rec)
@@ -105,7 +98,7 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 }
 
 // Acquire implements KeyStore.
-func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header http.Header, body []byte) (Operation, error) {
+func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, req Request) (Operation, error) {
 	if err := m.lock(ctx); err != nil {
 		return Operation{}, err
 	}
@@ -114,12 +107,12 @@ func (m *MemoryStore) Acquire(ctx context.Context, key string, l Lease, header h
 	if !ok {
 		return Operation{}, fmt.Errorf("acquire %q: %w", key, ErrNotFound)
 	}
-	if op.State == StatePending && l.heldByOther(op) {
+	if op.State == StatePending && l.BlockedBy(op.Owner, op.LeaseUntil) {
 		return Operation{}, fmt.Errorf("acquire %q: leased to %q: %w", key, op.Owner, ErrInProgress)
 	}
 	if op.State != StatePending {
 		op.State = StatePending
-		op.Header, op.Body = header.Clone(), body
+		op.URL, op.Header, op.Body = req.URL, req.Header.Clone(), req.Body
 	}
 	op.Owner, op.LeaseUntil = l.Owner, l.Until
 	op.Updated = l.At
@@ -159,23 +152,19 @@ func (m *MemoryStore) Get(ctx context.Context, key string) (Operation, error) {
 // Attempt implements KeyStore.
 func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	return m.update(ctx, key, a.At, func(op *Operation) {
-		op.Attempts += max(a.Sent, 0)
+		op.Attempts += a.Sent
 		op.LastStatus, op.LastError = a.Status, a.Err
 	})
 }
 
 // Finish implements KeyStore.
 func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
-	if !o.State.Finished() {
-		return fmt.Errorf("idem: finish %q: state %s is not final", key, o.State)
-	}
 	return m.update(ctx, key, o.At, func(op *Operation) {
 		op.State = o.State
-		op.Attempts += max(o.Sent, 0)
-		op.LastStatus, op.LastError = o.Status, o.Err
+		op.Attempts += o.Sent
+		op.LastStatus, op.LastError, op.URL = o.Status, o.Err, o.URL
 		op.Header, op.Body = nil, nil
 		op.LeaseUntil = time.Time{}
-		op.URL = withoutQuery(op.URL)
 	})
 }
 
@@ -231,7 +220,7 @@ func (m *MemoryStore) list(ctx context.Context, l *Lease, after string, limit in
 	defer m.mu.Unlock()
 	var pend []*Operation
 	for key, op := range m.ops {
-		if (op.State == StatePending || !pendingOnly) && key > after && (l == nil || !l.heldByOther(op)) {
+		if (op.State == StatePending || !pendingOnly) && key > after && (l == nil || !l.BlockedBy(op.Owner, op.LeaseUntil)) {
 			pend = append(pend, op)
 		}
 	}
@@ -288,15 +277,6 @@ func (m *MemoryStore) Close() error {
 	}
 	m.closed = true
 	return nil
-}
-
-// withoutQuery returns u without its query string and fragment: a finished
-// record keeps no query, which may hold secrets or personal data.
-func withoutQuery(u string) string {
-	if i := strings.IndexAny(u, "?#"); i >= 0 {
-		return u[:i]
-	}
-	return u
 }
 
 // Named implements Inspector.

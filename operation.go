@@ -158,6 +158,9 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (<-chan struct{}, error) {
 	j, mk := o.j, o.match
 	j.stamp(op)
+	if err := checkReserve(op); err != nil {
+		return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
+	}
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -197,7 +200,7 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
-	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), op.Header, op.Body)
+	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
 	}
@@ -323,7 +326,7 @@ func (o *operation) recordAttempt(status int, errText string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: errText, At: o.j.now()}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
@@ -358,7 +361,7 @@ func (o *operation) settle(v verdict, status int) {
 		}
 		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			// The journal still holds the operation as pending: no Settled.
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
 		} else if o.hooks.any() {
@@ -419,7 +422,7 @@ func (o *operation) stop(cause, err error) error {
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
 	}
 	o.end(func() {
-		if err := o.j.store.Finish(context.Background(), o.rec.Key, out); err != nil {
+		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(out.State), WriteFinish, err)
 		}
 	})
@@ -438,7 +441,7 @@ func (o *operation) giveUp(state State, cause, err error) *Error {
 			if err != nil {
 				text = err.Error()
 			}
-			if ferr := o.j.store.Finish(context.Background(), rec.Key, Outcome{State: state, Status: rec.LastStatus, Err: text, At: o.j.now()}); ferr != nil {
+			if ferr := o.j.finish(context.Background(), rec, Outcome{State: state, Status: rec.LastStatus, Err: text, At: o.j.now()}); ferr != nil {
 				err = errors.Join(err, ferr)
 			}
 		}
@@ -458,7 +461,7 @@ func (o *operation) reopen(status int, why error) error {
 	if !o.leaveInDoubt(status, why) {
 		return nil
 	}
-	_, err := o.j.store.Acquire(context.Background(), o.rec.Key, o.j.newLease(o.j.now()), o.rec.Header, o.rec.Body)
+	_, err := o.j.store.Acquire(context.Background(), o.rec.Key, o.j.newLease(o.j.now()), Request{URL: o.rec.URL, Header: o.rec.Header, Body: o.rec.Body})
 	return err
 }
 

@@ -278,8 +278,16 @@ func classifyError(err error) (v verdict, reason string, sent bool) {
 // (milliseconds) if it is valid, else Retry-After, and which one set it.
 func serverDelay(h http.Header, now time.Time) (time.Duration, string, bool) {
 	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms < float64(1<<62)/1e6 {
+		ms, err := strconv.ParseFloat(v, 64)
+		if errors.Is(err, strconv.ErrRange) && ms > 0 {
+			err = nil // ParseFloat gives +Inf: a wait too long to say, capped below
+		}
+		switch {
+		case err != nil || !(ms >= 0): // malformed, negative or NaN: ignored
+		case ms < float64(1<<62)/1e6:
 			return time.Duration(ms * float64(time.Millisecond)), "Retry-After-Ms", true
+		default: // too large for a Duration, as a huge Retry-After: the caller caps it
+			return time.Duration(1<<63 - 1), "Retry-After-Ms", true
 		}
 	}
 	if d, ok := retryAfter(h.Get("Retry-After"), now); ok {

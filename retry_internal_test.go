@@ -71,3 +71,21 @@ func TestZeroRetryPolicyIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestServerDelayHuge: a Retry-After-Ms too large for a Duration asks for
+// a very long wait, as a huge Retry-After does (the caller caps both); it
+// was ignored, so the client retried at once after backoff.
+func TestServerDelayHuge(t *testing.T) {
+	now := time.Now()
+	for _, v := range []string{"99999999999999999999999", "1e99", "Inf"} {
+		d, src, ok := serverDelay(http.Header{"Retry-After-Ms": {v}}, now)
+		if !ok || src != "Retry-After-Ms" || d < time.Hour {
+			t.Errorf("Retry-After-Ms %q: got %v from %q (%v), want a huge wait from Retry-After-Ms", v, d, src, ok)
+		}
+	}
+	for _, v := range []string{"-5", "NaN", "soon"} {
+		if d, src, ok := serverDelay(http.Header{"Retry-After-Ms": {v}}, now); ok {
+			t.Errorf("Retry-After-Ms %q: got %v from %q, want it ignored", v, d, src)
+		}
+	}
+}

@@ -421,6 +421,46 @@ func TestUnkeyedPostRetriedOnlyWhenNothingWasSent(t *testing.T) {
 	})
 }
 
+// TestTwoHeaderKeys: a request whose key header holds two different keys
+// (two values, or two spellings of the name) is refused before anything is
+// journaled: which one the caller meant is unknown, and a server reading
+// the header as a list would refuse it. The first was sent silently.
+func TestTwoHeaderKeys(t *testing.T) {
+	for name, h := range map[string]http.Header{
+		"two values":    {"Idempotency-Key": {"k-one", "k-two"}},
+		"two spellings": {"Idempotency-Key": {"k-one"}, "idempotency-key": {"k-two"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rt := &scriptRT{steps: []step{resp(201)}}
+			c, store := newTestClient(rt)
+			defer c.Close()
+			req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges", strings.NewReader("a"))
+			require.NoError(t, err)
+			req.Header = h
+			r, err := c.HTTPClient().Do(req)
+			if r != nil {
+				r.Body.Close()
+			}
+			require.ErrorIs(t, err, idem.ErrInvalidKey)
+			assert.Empty(t, rt.sent, "nothing sent")
+			assert.Zero(t, store.Len(), "nothing journaled")
+		})
+	}
+	t.Run("the same key twice", func(t *testing.T) {
+		rt := &scriptRT{steps: []step{resp(201)}}
+		c, _ := newTestClient(rt)
+		defer c.Close()
+		req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/charges", strings.NewReader("a"))
+		require.NoError(t, err)
+		req.Header = http.Header{"Idempotency-Key": {"k-one", "k-one"}}
+		r, err := c.HTTPClient().Do(req)
+		require.NoError(t, err)
+		r.Body.Close()
+		require.Len(t, rt.sent, 1)
+		assert.Equal(t, "k-one", rt.sent[0].key)
+	})
+}
+
 func TestKeyChoice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(200)}}

@@ -23,7 +23,6 @@ package idemstatus
 
 import (
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -235,7 +234,7 @@ func (c *Collector) remember(kind string, op idem.OperationInfo, status int, err
 		return
 	}
 	e := Event{
-		Time: c.now(), Kind: kind, Key: op.Key, Name: op.Name, Method: op.Method, URL: withoutQuery(op.URL),
+		Time: c.now(), Kind: kind, Key: op.Key, Name: op.Name, Method: op.Method, URL: idem.TrimQuery(op.URL),
 		State: op.State.String(), Attempts: op.Attempts, Status: status,
 	}
 	if err != nil {
@@ -289,13 +288,4 @@ func (c *Collector) Recent() []Event {
 		out = append(out, c.recent[(c.next-i+len(c.recent))%len(c.recent)])
 	}
 	return out
-}
-
-// withoutQuery returns u without its query and fragment, which may hold
-// secrets or personal data.
-func withoutQuery(u string) string {
-	if i := strings.IndexAny(u, "?#"); i >= 0 {
-		return u[:i]
-	}
-	return u
 }

@@ -73,7 +73,7 @@ func readPending(ctx context.Context, j Journal, now time.Time, after string, li
 // view is how the page shows rec.
 func view(rec idem.Operation, now time.Time) Op {
 	return Op{
-		Key: rec.Key, Name: rec.Name, Method: rec.Method, URL: withoutQuery(rec.URL),
+		Key: rec.Key, Name: rec.Name, Method: rec.Method, URL: idem.TrimQuery(rec.URL),
 		Created: rec.Created, AgeSeconds: max(now.Sub(rec.Created), 0).Seconds(),
 		Attempts: rec.Attempts, LastStatus: rec.LastStatus, LastError: rec.LastError,
 		InFlight: rec.State == idem.StatePending && rec.Owner != "" && rec.LeaseUntil.After(now),

@@ -61,7 +61,7 @@ func (s *Store) SetPolicy(ctx context.Context, p idem.Policy) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, s.q.setPolicy, cleanText(p.KeyHeader), int64(p.ResendWindow), int64(p.Retention), int64(p.MatchWindow)); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q.setPolicy, p.KeyHeader, int64(p.ResendWindow), int64(p.Retention), int64(p.MatchWindow)); err != nil {
 		return dbError("set policy", "", err)
 	}
 	return nil

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -69,26 +68,4 @@ func dbError(what, key string, err error) error {
 // unknownError wraps the error of a change whose answer was lost.
 func unknownError(what, key string, err error) error {
 	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idem.ErrOutcomeUnknown, err)
-}
-
-// maxText bounds the free text the store writes (a record's last error):
-// a longer text is cut at a character boundary and ends with "…".
-const maxText = 2048
-
-// cleanText returns s as text PostgreSQL takes: valid UTF-8 (invalid
-// bytes become U+FFFD), without NUL bytes (which a text column cannot
-// hold), and at most maxText bytes long.
-func cleanText(s string) string {
-	if len(s) <= maxText && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
-		return s // the common case costs no allocation
-	}
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= maxText {
-		return s
-	}
-	cut := maxText - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }

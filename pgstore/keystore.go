@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,11 +87,50 @@ func nullName(name string) any {
 	return name
 }
 
+// rawHeader marks a header column written as JSON of base64 values
+// (map[string][][]byte), for headers with values that are not UTF-8
+// (obs-text), which JSON strings would turn into U+FFFD. Other headers are
+// JSON of http.Header, whose first byte is '{'.
+const rawHeader = 'b'
+
 func encodeHeader(h http.Header) ([]byte, error) {
 	if h == nil {
 		return nil, nil
 	}
+	for _, vs := range h {
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				raw := make(map[string][][]byte, len(h))
+				for k, vs := range h {
+					for _, v := range vs {
+						raw[k] = append(raw[k], []byte(v))
+					}
+				}
+				b, err := json.Marshal(raw)
+				return append([]byte{rawHeader}, b...), err
+			}
+		}
+	}
 	return json.Marshal(h)
+}
+
+// decodeHeader reads what encodeHeader wrote.
+func decodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 || b[0] != rawHeader {
+		var h http.Header
+		return h, json.Unmarshal(b, &h)
+	}
+	var raw map[string][][]byte
+	if err := json.Unmarshal(b[1:], &raw); err != nil || raw == nil {
+		return nil, fmt.Errorf("header: %v", err)
+	}
+	h := make(http.Header, len(raw))
+	for k, vs := range raw {
+		for _, v := range vs {
+			h[k] = append(h[k], string(v))
+		}
+	}
+	return h, nil
 }
 
 // row is an operations row as scanned, before it is checked.
@@ -147,7 +187,8 @@ func (r *row) operation() (idem.Operation, error) {
 	}
 	copy(op.Fingerprint[:], r.fingerprint)
 	if r.header != nil {
-		if err := json.Unmarshal(r.header, &op.Header); err != nil || op.Header == nil {
+		var err error
+		if op.Header, err = decodeHeader(r.header); err != nil || op.Header == nil {
 			return idem.Operation{}, corrupt("header")
 		}
 	}
@@ -165,9 +206,6 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, false, err
 	}
-	if err := idem.CheckKey(op.Key); err != nil {
-		return idem.Operation{}, false, err
-	}
 	header, err := encodeHeader(op.Header)
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
@@ -180,7 +218,7 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 		}
 	}
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
-		int64(op.Attempts), int32(op.LastStatus), cleanText(op.LastError), nanos(op.Created), nanos(op.Updated), op.Owner,
+		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
 		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader}
 	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
@@ -273,14 +311,15 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 // change, committed asynchronously (see the package documentation), or,
 // if it could not within ctx or 2 seconds, once the change is queued in
 // this process: it is then written in the background, and a crash of
-// this process before that loses it. Its error text is stored as valid
-// UTF-8 of at most 2 KiB.
+// this process before that loses it. The journal passes error text as
+// every store keeps it (valid UTF-8, no NUL, at most 2 KiB); a mark whose
+// text PostgreSQL refuses anyway is written once more without it.
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
 	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
-		args: []any{key, int64(a.Sent), int32(a.Status), cleanText(a.Err), nanos(a.At)}})
+		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At)}})
 }
 
 // Finish implements idem.KeyStore, with Attempt's durability: when it
@@ -294,11 +333,8 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	if !o.State.Finished() {
-		return fmt.Errorf("pgstore: finish %s: state %s is not final", key, o.State)
-	}
 	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), cleanText(o.Err), nanos(o.At)}})
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At), o.URL}})
 }
 
 // Pending implements idem.KeyStore.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -20,13 +19,13 @@ import (
 // Acquire implements idem.KeyStore.
 // An Acquire whose answer was lost returns an error matching
 // idem.ErrOutcomeUnknown: the record may be pending under l now.
-func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header http.Header, body []byte) (idem.Operation, error) {
+func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, req idem.Request) (idem.Operation, error) {
 	ctx, cancel := s.bind(ctx, reserveTimeout)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
 		return idem.Operation{}, err
 	}
-	h, err := encodeHeader(header)
+	h, err := encodeHeader(req.Header)
 	if err != nil {
 		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
@@ -36,7 +35,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, header ht
 		return idem.Operation{}, dbError("acquire", key, err)
 	}
 	var r row
-	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, body, nanos(l.At), s.incarnation).Scan(r.dest()...)
+	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, req.Body, nanos(l.At), s.incarnation, req.URL).Scan(r.dest()...)
 	conn.Release()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -41,7 +41,7 @@ func TestSameOwnerNameWaitsForLease(t *testing.T) {
 	ops, err := second.Claim(ctx, l, "", 0)
 	require.NoError(t, err)
 	assert.Empty(t, ops, "Claim by the same owner name in another incarnation takes no live lease")
-	_, err = second.Acquire(ctx, "k1", l, nil, nil)
+	_, err = second.Acquire(ctx, "k1", l, idem.Request{})
 	assert.ErrorIs(t, err, idem.ErrInProgress, "nor does Acquire")
 	assert.ErrorIs(t, second.Renew(ctx, "k1", l), idem.ErrLeaseLost, "nor Renew")
 
@@ -115,7 +115,7 @@ func TestLeasesByDatabaseClock(t *testing.T) {
 	ops, err := ahead.Claim(ctx, l("ahead"), "", 0)
 	require.NoError(t, err)
 	assert.Empty(t, ops, "a replica 30 s ahead takes no live lease by Claim")
-	_, err = ahead.Acquire(ctx, "live", l("ahead"), nil, nil)
+	_, err = ahead.Acquire(ctx, "live", l("ahead"), idem.Request{})
 	assert.ErrorIs(t, err, idem.ErrInProgress, "nor by Acquire")
 	require.NoError(t, a.Renew(ctx, "live", l("a")))
 	ops, err = ahead.Claim(ctx, l("ahead"), "", 0)

@@ -87,12 +87,13 @@ func newQueries(schema string, dbClock bool) queries {
 		 LIMIT 1)`),
 
 		// Acquire: $2 owner, $3 lease until, $4 updated, $5 header, $6
-		// body, $7 lease at, $8 incarnation. A finished row becomes pending
-		// with the given request; a row under another holder's live lease
+		// body, $7 lease at, $8 incarnation, $9 URL. A finished row becomes
+		// pending with the given request; a row under another holder's live lease
 		// (another owner, or the same owner name in another incarnation)
 		// is left alone.
 		acquire: r.Replace(`UPDATE {ops} SET
 			owner = $2, lease_until = {now7} + ($3::bigint - $7::bigint), updated = $4, incarnation = $8,
+			url = CASE WHEN state = 1 THEN url ELSE $9 END,
 			header = CASE WHEN state = 1 THEN header ELSE $5 END,
 			body = CASE WHEN state = 1 THEN body ELSE $6 END,
 			state = 1
@@ -111,14 +112,14 @@ func newQueries(schema string, dbClock bool) queries {
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
 		// Attempt: $2 sent, $3 status, $4 error, $5 updated.
-		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + GREATEST($2, 0), last_status = $3, last_error = $4, updated = $5
+		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + $2, last_status = $3, last_error = $4, updated = $5
 		WHERE key = $1 AND (SELECT true FROM async)`),
 
-		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated. The
-		// replayable request goes, and so does the URL's query; the lease
-		// ends.
-		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + GREATEST($3, 0), last_status = $4, last_error = $5,
-			updated = $6, header = NULL, body = NULL, lease_until = 0, url = split_part(url, '?', 1)
+		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated, $7
+		// the URL the finished record keeps (the journal's). The
+		// replayable request goes; the lease ends.
+		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + $3, last_status = $4, last_error = $5,
+			updated = $6, header = NULL, body = NULL, lease_until = 0, url = $7
 		WHERE key = $1 AND (SELECT true FROM async)`),
 
 		// Pending: $1 after, $2 limit (NULL: no limit).

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -259,7 +258,8 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 		}
 		resp := &idemserver.Response{Status: int(*status), Body: body}
 		if header != nil {
-			if err := json.Unmarshal(header, &resp.Header); err != nil {
+			var err error
+			if resp.Header, err = decodeHeader(header); err != nil {
 				return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: stored header: %w: %w", b.ID, idemserver.ErrStoreCorrupt, err)
 			}
 		}

@@ -6,7 +6,6 @@ package storetest
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"runtime"
 	"strings"
 	"sync"
@@ -209,16 +208,46 @@ func dropsTheKeyHeader(*testing.T) idem.KeyStore {
 	return b
 }
 
+// finishRedactsItself keeps the URL it derives from the record, as
+// pgstore once did (dropping only a query), instead of the one the journal
+// passes.
+func finishRedactsItself(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.finish = func(ctx context.Context, key string, o idem.Outcome) error {
+		if op, err := b.MemoryStore.Get(ctx, key); err == nil {
+			o.URL, _, _ = strings.Cut(op.URL, "?")
+		}
+		return b.MemoryStore.Finish(ctx, key, o)
+	}
+	return b
+}
+
 // acquireKeepsOldRequest reopens a finished operation without the new
 // request it is given.
 func acquireKeepsOldRequest(*testing.T) idem.KeyStore {
-	return &acquireBroken{&broken{MemoryStore: idem.NewMemoryStore()}}
+	return &acquireBroken{broken: &broken{MemoryStore: idem.NewMemoryStore()}}
 }
 
-type acquireBroken struct{ *broken }
+type acquireBroken struct {
+	*broken
+	keepURL bool
+}
 
-func (a *acquireBroken) Acquire(ctx context.Context, key string, l idem.Lease, header http.Header, body []byte) (idem.Operation, error) {
-	return a.MemoryStore.Acquire(ctx, key, l, nil, nil)
+func (a *acquireBroken) Acquire(ctx context.Context, key string, l idem.Lease, req idem.Request) (idem.Operation, error) {
+	if a.keepURL { // the request it is given, but the URL the finished record kept
+		if rec, err := a.MemoryStore.Get(ctx, key); err == nil {
+			req.URL = rec.URL
+		}
+		return a.MemoryStore.Acquire(ctx, key, l, req)
+	}
+	return a.MemoryStore.Acquire(ctx, key, l, idem.Request{})
+}
+
+// acquireKeepsFinishedURL reopens a finished operation with the header
+// and body it is given but the URL the finished record kept (without its
+// query), as every store did: Resume then sent another request.
+func acquireKeepsFinishedURL(*testing.T) idem.KeyStore {
+	return &acquireBroken{broken: &broken{MemoryStore: idem.NewMemoryStore()}, keepURL: true}
 }
 
 func TestSuiteFailsBrokenStores(t *testing.T) {
@@ -236,7 +265,9 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		}}, "what was accepted survives reopening"},
 		{"reads its own clock", Config{Open: readsItsOwnClock}, "Attempt counts requests and keeps the operation pending"},
 		{"drops the key header", Config{Open: dropsTheKeyHeader}, "the key header travels with the record"},
-		{"Acquire keeps the old request", Config{Open: acquireKeepsOldRequest}, "Acquire reopens a finished record with a new request"},
+		{"Acquire keeps the old request", Config{Open: acquireKeepsOldRequest}, "Acquire reopens a finished record with the request it is given"},
+		{"Acquire keeps the finished URL", Config{Open: acquireKeepsFinishedURL}, "Acquire reopens a finished record with the request it is given"},
+		{"Finish redacts the URL itself", Config{Open: finishRedactsItself}, "Finish records the outcome and drops the request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := runRecorded(t, tc.config)

@@ -47,7 +47,8 @@ that honours keys they perform about 7 operations (test charges on the
 sandbox); a server that ignores keys performs one per request.
 
 It refuses a URL that does not look like a sandbox (a loopback or private
-address, localhost, or a host with "sandbox" or "test" in its name) unless
+address, localhost, or a host with "sandbox" in its name or a part of it
+that starts with "test", as checkout-test or test.api) unless
 --i-know-this-is-live is given. Stripe's test mode shares the live host
 api.stripe.com: check the key is sk_test_ before giving the flag.
 
@@ -149,7 +150,7 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return usage(fmt.Sprintf("%q is not an http or https URL", pos[0]))
 	}
 	if !*live && !looksLikeSandbox(u) {
-		return usage(fmt.Sprintf("%s does not look like a sandbox (not a loopback or private address, no \"sandbox\" or \"test\" in the host): "+
+		return usage(fmt.Sprintf("%s does not look like a sandbox (not a loopback or private address, no \"sandbox\" in the host, no part of it starting with \"test\"): "+
 			"this check performs real operations; give --i-know-this-is-live if it is a test environment anyway", u.Host))
 	}
 	cfg := idemtest.CheckConfig{
@@ -160,6 +161,9 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		name, value, ok := strings.Cut(h, ":")
 		if !ok || strings.TrimSpace(name) == "" {
 			return usage(fmt.Sprintf("-H %q is not 'Name: value'", h))
+		}
+		if why := unsendableHeader(strings.TrimSpace(name), strings.TrimSpace(value)); why != "" {
+			return usage(fmt.Sprintf("-H %q cannot be sent: %s", h, why))
 		}
 		cfg.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
@@ -247,12 +251,36 @@ func printCheck(w io.Writer, rep idemtest.CheckReport) {
 
 // looksLikeSandbox reports whether u points at a test environment: a
 // loopback, private or link-local address, localhost, or a host name with
-// "sandbox" or "test" in it.
+// "sandbox" in it or a part (between dots and dashes) that starts with
+// "test" (test, testing): "test" inside a word (latest, fastest) says
+// nothing.
 func looksLikeSandbox(u *url.URL) bool {
 	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
 	if ip := net.ParseIP(host); ip != nil {
 		return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast()
 	}
-	return host == "localhost" || strings.HasSuffix(host, ".localhost") ||
-		strings.Contains(host, "sandbox") || strings.Contains(host, "test")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") || strings.Contains(host, "sandbox") {
+		return true
+	}
+	for _, part := range strings.FieldsFunc(host, func(r rune) bool { return r == '.' || r == '-' || r == '_' }) {
+		if strings.HasPrefix(part, "test") {
+			return true
+		}
+	}
+	return false
+}
+
+// unsendableHeader says why net/http would refuse to send a header, or "".
+func unsendableHeader(name, value string) string {
+	for i := 0; i < len(name); i++ {
+		if b := name[i]; b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
+			return fmt.Sprintf("the name has %q, which is not allowed in a header name", b)
+		}
+	}
+	for i := 0; i < len(value); i++ {
+		if b := value[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return fmt.Sprintf("the value has the control byte 0x%02x", b)
+		}
+	}
+	return ""
 }

@@ -223,6 +223,16 @@ func TestLooksLikeSandbox(t *testing.T) {
 		"https://api.checkout.com/payments":          false,
 		"https://8.8.8.8/x":                          false,
 		"https://payment.direct.worldline-solutions": false,
+		"https://connect.squareupsandbox.com/v2":     true,
+		"https://pal-test.adyen.com/pal":             true,
+		"https://api.testing.example.com/":           true,
+		"https://test.api.example.com/":              true,
+		// "test" inside a word is no sign of a sandbox: these hosts are
+		// live, and the check charges up to 32 times.
+		"https://api.latestpay.com/v1/charges":  false,
+		"https://pay.fastest-checkout.io/":      false,
+		"https://api.greatestbank.com/payments": false,
+		"https://attestation.example.com/":      false,
 	} {
 		p, err := url.Parse(u)
 		require.NoError(t, err)
@@ -234,4 +244,21 @@ func TestBodyType(t *testing.T) {
 	assert.Equal(t, "application/json", bodyType(` {"amount":1}`))
 	assert.Equal(t, "application/json", bodyType(`[1]`))
 	assert.Equal(t, "application/x-www-form-urlencoded", bodyType(`amount=1&currency=eur`))
+}
+
+// TestCheckRefusesUnsendableHeaders: a -H that net/http cannot send (a
+// control byte in the value, a name that is not a token) is a usage
+// error; it ran every scenario, each refused locally, and reported them
+// "unknown" with "13 requests sent" when none was.
+func TestCheckRefusesUnsendableHeaders(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	for _, h := range []string{"X-A: a\x01b", "X-A: a\x7f", "X A: v", "X-(A): v"} {
+		var out, errOut bytes.Buffer
+		code := checkCmd(t.Context(), []string{"-H", h, "-d", "x", srv.URL + "/v1/charges"}, &out, &errOut)
+		assert.Equal(t, exitUsage, code, "%q: %s", h, errOut.String())
+		assert.Contains(t, errOut.String(), "-H", "%q", h)
+	}
+	assert.Zero(t, hits.Load(), "nothing sent")
 }

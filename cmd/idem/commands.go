@@ -50,7 +50,7 @@ type opView struct {
 
 func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	v := opView{
-		Key: op.Key, Name: op.Name, State: op.State.String(), Method: op.Method, URL: withoutQuery(op.URL), Host: op.Host,
+		Key: op.Key, Name: op.Name, State: op.State.String(), Method: op.Method, URL: idem.TrimQuery(op.URL), Host: op.Host,
 		Attempts: op.Attempts, LastStatus: op.LastStatus, LastError: op.LastError,
 		Created: op.Created, Updated: op.Updated, Owner: op.Owner, LeaseUntil: op.LeaseUntil,
 		Redacted: op.Redacted, Unreplayable: op.Unreplayable,
@@ -143,6 +143,23 @@ func cell(s string) string {
 	return s
 }
 
+// maxCell bounds, in bytes, a name or URL in a list's table: a longer one
+// (a name may have 1024 bytes) is cut, with its length, so that one row
+// does not push every other off the screen. show and --json print it whole.
+const maxCell = 96
+
+// listCell is cell for a name or URL in a list's table, cut to maxCell.
+func listCell(s string) string {
+	if len(s) <= maxCell {
+		return cell(s)
+	}
+	cut := maxCell - 32
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return cell(s[:cut]) + fmt.Sprintf("…(%d bytes)", len(s))
+}
+
 // cellIf is cell for a value shown on its own: spaces alone do not make
 // it quoted.
 func cellIf(s string) string {
@@ -229,7 +246,7 @@ func (c *cli) ls(_ []string) error {
 		}
 	}
 	return c.printListing(l, "KEY\tNAME\tSTATE\tMETHOD\tURL\tATTEMPTS\tAGE", func(v opView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s", cell(v.Key), cell(dash(v.Name)), v.State, cell(dash(v.Method)), cell(dash(v.URL)), v.Attempts, age(v.AgeSeconds))
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s", cell(v.Key), listCell(dash(v.Name)), v.State, cell(dash(v.Method)), listCell(dash(v.URL)), v.Attempts, age(v.AgeSeconds))
 	}, fmt.Sprintf("%d operations, %d pending.", len(l.Operations), pending))
 }
 
@@ -250,7 +267,7 @@ func (c *cli) pending(_ []string) error {
 		summary = fmt.Sprintf("%d pending, %d under a live lease (a running replica may be sending them; the others are in doubt).", len(l.Operations), leased)
 	}
 	return c.printListing(l, "KEY\tNAME\tMETHOD\tURL\tAGE\tATTEMPTS\tLAST\tRESEND", func(v opView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(v.Key), cell(dash(v.Name)), cell(dash(v.Method)), cell(dash(v.URL)), age(v.AgeSeconds), v.Attempts, cell(last(v)), v.Resend)
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(v.Key), listCell(dash(v.Name)), cell(dash(v.Method)), listCell(dash(v.URL)), age(v.AgeSeconds), v.Attempts, cell(last(v)), v.Resend)
 	}, summary)
 }
 
@@ -372,7 +389,7 @@ func (c *cli) expire(arg string) (err error) {
 			return err
 		}
 	}
-	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", At: c.storeNow(s)}); err != nil {
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", URL: idem.TrimQuery(op.URL), At: c.storeNow(s)}); err != nil {
 		return err
 	}
 	if err := s.Close(); err != nil { // Finish is durable once Close returns
@@ -443,7 +460,7 @@ func (c *cli) gcDryRun(s idem.KeyStore, cutoff time.Time) error {
 		return c.writeJSON(map[string]any{"would_sweep": len(l.Operations), "cutoff": cutoff, "operations": l.Operations})
 	}
 	return c.printListing(l, "KEY\tNAME\tSTATE\tURL\tAGE", func(v opView) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", cell(v.Key), cell(dash(v.Name)), v.State, cell(dash(v.URL)), age(v.AgeSeconds))
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", cell(v.Key), listCell(dash(v.Name)), v.State, listCell(dash(v.URL)), age(v.AgeSeconds))
 	}, fmt.Sprintf("would sweep %d finished operations last changed before %s (dry run: nothing deleted)", len(l.Operations), cutoff.Format(time.RFC3339)))
 }
 

@@ -30,7 +30,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -88,8 +87,8 @@ Commands:
 
 The command acts under the policy the application journaled (key header,
 resend window, retention); its flags may only be stricter. Tables quote
-names and URLs that hold spaces, quotes or control characters (Go syntax);
---json prints them as they are.
+names and URLs that hold spaces, quotes or control characters (Go syntax),
+and lists cut those over 96 bytes; show and --json print them whole.
 
 Flags:
   --journal PATH|URL the journal: a bbolt file, or a postgres:// (or
@@ -196,6 +195,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		return c.usage(err.Error())
 	}
+	if msg := negativeFlag(fs); msg != "" {
+		return c.usage(msg)
+	}
 	if fs.NArg() == 0 {
 		return c.usage("no command")
 	}
@@ -223,6 +225,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		return c.usage(fmt.Sprintf("%s: %v", name, err))
 	}
+	if msg := negativeFlag(sub); msg != "" {
+		return c.usage(name + ": " + msg)
+	}
 	if sub.NArg() != cmd.nargs {
 		return c.usage(fmt.Sprintf("%s takes %d argument(s) (%s), got %d", name, cmd.nargs, cmd.args, sub.NArg()))
 	}
@@ -244,6 +249,29 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 type usageError string
 
 func (e usageError) Error() string { return string(e) }
+
+// negativeFlag returns a usage message for a duration or count given a
+// negative value (every one of the command's is a length, a wait or a
+// number of workers), or "".
+func negativeFlag(fs *flag.FlagSet) (msg string) {
+	fs.Visit(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok || msg != "" {
+			return
+		}
+		switch v := g.Get().(type) {
+		case time.Duration:
+			if v < 0 {
+				msg = fmt.Sprintf("--%s must not be negative, got %s", f.Name, v)
+			}
+		case int:
+			if v < 0 {
+				msg = fmt.Sprintf("--%s must not be negative, got %d", f.Name, v)
+			}
+		}
+	})
+	return msg
+}
 
 func (c *cli) usage(msg string) int {
 	fmt.Fprintf(c.err, "idem: %s\n\n%s", msg, usageText)
@@ -289,14 +317,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// withoutQuery returns u without its query and fragment.
-func withoutQuery(u string) string {
-	if i := strings.IndexAny(u, "?#"); i >= 0 {
-		return u[:i]
-	}
-	return u
 }
 
 // printFlags prints fs's flags as the command spells them, with two

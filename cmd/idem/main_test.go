@@ -148,6 +148,12 @@ func TestUsage(t *testing.T) {
 		{[]string{"ls"}, exitUsage, "no journal"},
 		{[]string{"--journal", "x", "show"}, exitUsage, "show takes 1 argument"},
 		{[]string{"--journal", "x", "gc", "--retention", "soon"}, exitUsage, "invalid value"},
+		// A negative duration or count was taken for the default (gc
+		// swept under the journal's retention) instead of refused.
+		{[]string{"--journal", "x", "gc", "--retention", "-5h"}, exitUsage, "--retention must not be negative"},
+		{[]string{"--journal", "x", "resume", "--resend-window", "-1s"}, exitUsage, "--resend-window must not be negative"},
+		{[]string{"--journal", "x", "resume", "--concurrency", "-1"}, exitUsage, "--concurrency must not be negative"},
+		{[]string{"--journal", "x", "--lock-timeout", "-1s", "ls"}, exitUsage, "--lock-timeout must not be negative"},
 		{[]string{"--journal", filepath.Join(t.TempDir(), "none.db"), "ls"}, exitFailed, "no journal at"},
 	} {
 		r := runIdem(t, tc.args...)
@@ -499,4 +505,22 @@ func overwrite(t *testing.T, path string, off int64, b []byte) {
 	_, err = f.WriteAt(b, off)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+}
+
+// TestREADMEShowsTheHelp: the README's copy of the command list is the
+// one the command prints (it had drifted: other wording for resume, expire
+// and help).
+func TestREADMEShowsTheHelp(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	commands := func(s string) string {
+		_, after, ok := strings.Cut(s, "\nCommands:\n")
+		require.True(t, ok, "no command list")
+		list, _, _ := strings.Cut(after, "\n\n")
+		list, _, _ = strings.Cut(list, "\n```")
+		return list
+	}
+	_, block, ok := strings.Cut(string(readme), "```\nusage: idem ")
+	require.True(t, ok, "README has no usage block")
+	assert.Equal(t, commands(usageText), commands(block))
 }

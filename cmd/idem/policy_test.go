@@ -160,6 +160,9 @@ func TestExpireIsFinal(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		_, err = c.HTTPClient().Do(req)
 		require.ErrorIs(t, err, idem.ErrExpired, name)
+		// Expired by the operator minutes after its creation: not "past
+		// the resend window", as ErrExpired's text said.
+		assert.NotContains(t, err.Error(), "past the resend window", name)
 	}
 }
 
@@ -181,6 +184,32 @@ func TestTablesQuoteWhatCouldForgeThem(t *testing.T) {
 	var v opView
 	runJSON(t, &v, "--journal", path, "show", "k-evil")
 	assert.Equal(t, evil, v.Name, "--json is unchanged")
+}
+
+// TestTablesShortenHugeCells: a name (up to 1024 bytes) or URL that long
+// is shortened in the tables of ls and pending, saying its length, so that
+// one operation does not push every other row off the screen; show and
+// --json keep it whole.
+func TestTablesShortenHugeCells(t *testing.T) {
+	rec := newRecorder(t)
+	huge := "pay:" + strings.Repeat("n", 1020)
+	path := forge(t, idem.Policy{},
+		forgedOp("k-huge", huge, rec.URL+"/v1/charges", time.Now()),
+		forgedOp("k-small", "pay:small", rec.URL+"/v1/charges", time.Now()))
+	for _, cmd := range []string{"ls", "pending"} {
+		r := runIdem(t, "--journal", path, cmd)
+		require.Equal(t, exitOK, r.code, r.stderr)
+		for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+			assert.Less(t, len(line), 300, "%s: a line of %d bytes:\n%s", cmd, len(line), line)
+		}
+		assert.Contains(t, r.stdout, "(1024 bytes)", cmd)
+	}
+	r := runIdem(t, "--journal", path, "show", "k-huge")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, huge, "show prints the name whole")
+	var v opView
+	runJSON(t, &v, "--journal", path, "show", "k-huge")
+	assert.Equal(t, huge, v.Name, "--json is unchanged")
 }
 
 func TestGCDryRun(t *testing.T) {

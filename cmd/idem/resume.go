@@ -223,7 +223,7 @@ func (c *cli) resume(o resumeOptions) error {
 		if r.Status != 0 {
 			status = fmt.Sprint(r.Status)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(r.Key), cell(dash(r.Name)), r.Outcome, r.State, status)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(r.Key), listCell(dash(r.Name)), r.Outcome, r.State, status)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

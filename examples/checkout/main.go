@@ -529,14 +529,14 @@ func (r Report) write(w io.Writer) {
 	answered := r.Attempts - retries
 	sum := fmt.Sprintf("%d failed and tried again + %d answered", retries, answered)
 	if extra := answered - r.Orders; extra > 0 {
-		sum += fmt.Sprintf(" (%d orders, and %d answers the crash kept from the shop, asked for again by Resume)", r.Orders, extra)
+		sum += fmt.Sprintf(" (%d orders, and %d answers the crash kept from the shop or from its journal, asked for again by Resume)", r.Orders, extra)
 	}
 	fmt.Fprintf(w, "  requests    %d (%.2f per order) = %s\n", r.Attempts, float64(r.Attempts)/float64(r.Orders), sum)
 	fmt.Fprintf(w, "  retries     %d, after %s,\n              %s\n", retries, strings.Join(why[:2], ", "), strings.Join(why[2:], ", "))
 	fmt.Fprintf(w, "  slow        %d answer(s) delayed, waited out (not failures)\n", r.Faults[idemtest.Delay])
 	fmt.Fprintf(w, "  replays     %d (the provider answered a key it had already charged from its store)\n", r.Replays)
 	fmt.Fprintf(w, "  crash       %s\n", map[bool]string{true: "the shop was SIGKILLed mid-payment and restarted", false: "the shop was not killed"}[r.Killed])
-	fmt.Fprintf(w, "  resumed     %d (in flight at the crash, finished by Resume with their original keys)\n", r.Resumed)
+	fmt.Fprintf(w, "  resumed     %d (pending in the journal at the crash: in flight, or answered but not yet marked; finished by Resume with their original keys)\n", r.Resumed)
 	fmt.Fprintf(w, "  duplicates  %d\n", r.Duplicates)
 	fmt.Fprintf(w, "  lost        %d\n", r.Lost)
 	fmt.Fprintf(w, "  journal     %s (kept for inspection; delete %s when done)\n", r.Journal, filepath.Dir(r.Journal))

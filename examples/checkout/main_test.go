@@ -38,3 +38,15 @@ func TestCheckout(t *testing.T) {
 	assert.Contains(t, out.String(), rep.Journal)
 	assert.FileExists(t, rep.Journal)
 }
+
+// TestReportSaysWhatResumeFinished: Resume finishes what the journal held
+// pending at the kill, which includes answers the shop had received and
+// counted as paid whose finish marks the kill cut off; the report said
+// they were all "in flight at the crash" and all kept "from the shop".
+func TestReportSaysWhatResumeFinished(t *testing.T) {
+	var out bytes.Buffer
+	Report{Orders: 100, Paid: 100, Attempts: 104, Resumed: 4, Killed: true, Journal: "/tmp/j/journal.db"}.write(&out)
+	assert.NotContains(t, out.String(), "in flight at the crash,")
+	assert.Contains(t, out.String(), "answered but not yet marked")
+	assert.Contains(t, out.String(), "from the shop or from its journal")
+}

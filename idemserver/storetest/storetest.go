@@ -222,6 +222,9 @@ func testRoundTrip(t *testing.T, s idemserver.Store) {
 		{Status: http.StatusBadRequest, Header: http.Header{"Content-Type": {"application/problem+json"}}, Body: []byte(`{"title":"bad"}`)},
 		{Status: http.StatusOK, Header: http.Header{"Link": {"<a>; rel=x", "<b>; rel=y"}, "Etag": {`"v1"`}}, Body: big},
 		{Status: http.StatusCreated, Header: http.Header{"X-Bin": {"\x01é"}}, Body: []byte{0, 1, 2, 0xff}},
+		// obs-text (bytes 0x80-0xff that are not UTF-8) is replayed as
+		// it was answered, not as U+FFFD.
+		{Status: http.StatusCreated, Header: http.Header{"X-Note": {"caf\xe9", "\xff"}}, Body: []byte("ok")},
 	}
 	for i, want := range cases {
 		id := fmt.Sprintf("rt%d", i)
