@@ -259,6 +259,11 @@ func (s *Store) reserveOne(ctx context.Context, op idem.Operation, id int64, arg
 		last = err
 		break
 	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(last, cause) {
+		// pgx reports a context that ended as ctx.Err(): keep the caller's
+		// cause (its own deadline error) in the chain as well.
+		last = fmt.Errorf("%w: %w", cause, last)
+	}
 	if doubt {
 		return idem.Operation{}, false, unknownError("reserve", op.Key, last)
 	}
