@@ -24,7 +24,7 @@ import (
 func TestUnsendableKeyHeaderName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(201)}}
-		c, store := newTestClient(rt, idem.WithHeader("Idempotency Key"))
+		c, store := newTestClient(rt, idem.WithKeyHeader("Idempotency Key"))
 		defer c.Close()
 		_, err := post(t, context.Background(), c.HTTPClient(), `{"n":1}`)
 		require.ErrorIs(t, err, idem.ErrInvalidRequest)
@@ -55,7 +55,7 @@ func TestContentLengthMismatch(t *testing.T) {
 	}{
 		{"shorter", "12345", 10, nil, false},
 		{"longer", "1234567890", 5, nil, false},
-		{"large, GetBody shorter", strings.Repeat("x", 16), 20, []idem.Option{idem.WithMaxBodySize(8), idem.WithUnjournaledLargeBodies()}, true},
+		{"large, GetBody shorter", strings.Repeat("x", 16), 20, []idem.Option{idem.WithMaxBodyBytes(8), idem.WithUnjournaledLargeBodies()}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -84,7 +84,7 @@ func TestContentLengthMismatch(t *testing.T) {
 func TestGetBodyNil(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(201)}}
-		c, _ := newTestClient(rt, idem.WithMaxBodySize(8), idem.WithUnjournaledLargeBodies())
+		c, _ := newTestClient(rt, idem.WithMaxBodyBytes(8), idem.WithUnjournaledLargeBodies())
 		big := strings.Repeat("x", 16)
 		req, err := http.NewRequest(http.MethodPost, "https://pay.example/v1/uploads", strings.NewReader(big))
 		require.NoError(t, err)

@@ -86,7 +86,7 @@ func TestUnsendableRequests(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rt := &scriptRT{steps: []step{resp(201)}}
-				c, store := newTestClient(rt, idem.WithMaxBodySize(16))
+				c, store := newTestClient(rt, idem.WithMaxBodyBytes(16))
 				defer c.Close()
 				body := &closeCounter{Reader: strings.NewReader(strings.Repeat("b", 64))}
 				req := tt.req(body).WithContext(idem.WithKey(context.Background(), "k-unsendable"))
@@ -208,7 +208,7 @@ func FuzzRoundTrip(f *testing.F) {
 	f.Fuzz(func(t *testing.T, method, rawURL, hname, hval string, body []byte) {
 		store := idem.NewMemoryStore()
 		base := &fuzzBase{store: store}
-		c := idem.New(store, idem.WithBaseTransport(base), idem.WithMaxAttempts(1), idem.WithMaxBodySize(32), idem.WithResendMatchWindow(0))
+		c := idem.New(store, idem.WithBaseTransport(base), idem.WithMaxAttempts(1), idem.WithMaxBodyBytes(32), idem.WithResendMatchWindow(0))
 		defer c.Close()
 		u, err := url.Parse(rawURL)
 		if err != nil {

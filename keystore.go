@@ -58,7 +58,7 @@ type Operation struct {
 	// application named it when the operation was journaled (it may change
 	// between releases); Resume sends the key in it. It is "" only in
 	// records written before it existed: Resume then uses the Client's
-	// key header (WithHeader).
+	// key header (WithKeyHeader).
 	KeyHeader string
 	// Name is the durable operation name given with WithOperation, or "".
 	Name string

@@ -11,7 +11,7 @@ import (
 )
 
 func TestMemoryStoreConformance(t *testing.T) {
-	storetest.TestKeyStore(t, storetest.Config{
+	storetest.Run(t, storetest.Config{
 		Open: func(t *testing.T) idem.KeyStore { return idem.NewMemoryStore() },
 	})
 }
@@ -27,7 +27,7 @@ func TestBoltStoreConformance(t *testing.T) {
 		paths[s] = path
 		return s
 	}
-	storetest.TestKeyStore(t, storetest.Config{
+	storetest.Run(t, storetest.Config{
 		Open: func(t *testing.T) idem.KeyStore { return open(t, filepath.Join(t.TempDir(), "journal.db")) },
 		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
 			return open(t, paths[closed])

@@ -173,9 +173,9 @@ func WithBackoff(initial, max time.Duration) Option {
 	return func(c *config) { c.policy.Initial, c.policy.Max = initial, max }
 }
 
-// WithHeader sets the name of the key header, for providers that use
+// WithKeyHeader sets the name of the key header, for providers that use
 // another one (PayPal-Request-Id, Cko-Idempotency-Key, ...).
-func WithHeader(name string) Option {
+func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
@@ -217,10 +217,10 @@ func WithSecretQueryParams(names ...string) Option {
 	}
 }
 
-// WithMaxBodySize sets the largest request body that is journaled. A keyed
+// WithMaxBodyBytes sets the largest request body that is journaled. A keyed
 // request with a larger body fails with ErrBodyTooLarge before anything is
 // sent, unless WithUnjournaledLargeBodies is set. The default is 1 MiB.
-func WithMaxBodySize(n int64) Option {
+func WithMaxBodyBytes(n int64) Option {
 	return func(c *config) {
 		if n > 0 {
 			c.maxBody = n

@@ -16,7 +16,7 @@ import (
 
 func TestOpenWritesItsPolicyIntoTheJournal(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
-	c, err := idem.Open(path, idem.WithHeader("paypal-request-id"), idem.WithResendWindow(47*time.Hour), idem.WithResendMatchWindow(2*time.Minute))
+	c, err := idem.Open(path, idem.WithKeyHeader("paypal-request-id"), idem.WithResendWindow(47*time.Hour), idem.WithResendMatchWindow(2*time.Minute))
 	require.NoError(t, err)
 	require.NoError(t, c.Close())
 	s, err := idem.OpenBoltStore(path, nil)
@@ -69,7 +69,7 @@ func TestNewWithLooserPolicySendsNothing(t *testing.T) {
 func TestResumeSendsUnderTheOperationsKeyHeader(t *testing.T) {
 	store := sharedStore{idem.NewMemoryStore()}
 	lost := &scriptRT{steps: []step{{err: errors.New("connection reset")}}}
-	c := idem.New(store, idem.WithBaseTransport(lost), idem.WithHeader("PayPal-Request-Id"), idem.WithMaxAttempts(1))
+	c := idem.New(store, idem.WithBaseTransport(lost), idem.WithKeyHeader("PayPal-Request-Id"), idem.WithMaxAttempts(1))
 	_, err := post(t, idem.WithOperation(context.Background(), "pay:1"), c.HTTPClient(), `{"amount":1}`)
 	require.Error(t, err)
 	require.NoError(t, c.Close())

@@ -216,7 +216,7 @@ var (
 //     be a second charge. PayPal's 6 hours give a window of 5 hours;
 //   - p's retry hints and error codes teach the classifier when to retry.
 //
-// A later WithHeader still changes the header. The zero Provider changes
+// A later WithKeyHeader still changes the header. The zero Provider changes
 // nothing.
 func WithProvider(p Provider) Option {
 	// The profile's slices are copied: a change to the package's profile

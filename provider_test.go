@@ -114,7 +114,7 @@ func TestPayPalOperationNotResentAfterWindow(t *testing.T) {
 		{"PayPal/4h", []idem.Option{idem.WithProvider(idem.PayPal)}, 4 * time.Hour, true},
 		{"PayPal/5h30m", []idem.Option{idem.WithProvider(idem.PayPal)}, 5*time.Hour + 30*time.Minute, false},
 		{"PayPal+WithResendWindow(23h)/5h30m", []idem.Option{idem.WithProvider(idem.PayPal), idem.WithResendWindow(23 * time.Hour)}, 5*time.Hour + 30*time.Minute, false},
-		{"no profile/5h30m", []idem.Option{idem.WithHeader("PayPal-Request-Id")}, 5*time.Hour + 30*time.Minute, true},
+		{"no profile/5h30m", []idem.Option{idem.WithKeyHeader("PayPal-Request-Id")}, 5*time.Hour + 30*time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

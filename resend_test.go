@@ -29,7 +29,7 @@ func pendingOf(t *testing.T, store idem.KeyStore) []idem.Operation {
 // over the journal's limit when the Client sends them unjournaled.
 func TestUnjournaledLargeBodies(t *testing.T) {
 	const big, other = "0123456789abcdef", "fedcba9876543210" // over the limit of 8
-	opts := []idem.Option{idem.WithMaxBodySize(8), idem.WithUnjournaledLargeBodies()}
+	opts := []idem.Option{idem.WithMaxBodyBytes(8), idem.WithUnjournaledLargeBodies()}
 	t.Run("a name twice sends one key", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			rt := &scriptRT{steps: []step{resp(201)}}

@@ -523,7 +523,7 @@ func TestKeyChoice(t *testing.T) {
 func TestRefusedBeforeSending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(200)}}
-		c, store := newTestClient(rt, idem.WithMaxBodySize(8))
+		c, store := newTestClient(rt, idem.WithMaxBodyBytes(8))
 		defer c.Close()
 
 		_, err := post(t, context.Background(), c.HTTPClient(), "123456789")
@@ -544,7 +544,7 @@ func TestRefusedBeforeSending(t *testing.T) {
 func TestLargeBodyOptIn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := &scriptRT{steps: []step{resp(200)}}
-		c, store := newTestClient(rt, idem.WithMaxBodySize(8), idem.WithUnjournaledLargeBodies())
+		c, store := newTestClient(rt, idem.WithMaxBodyBytes(8), idem.WithUnjournaledLargeBodies())
 		defer c.Close()
 		r, err := post(t, context.Background(), c.HTTPClient(), "0123456789abcdef")
 		require.NoError(t, err)
@@ -695,7 +695,7 @@ func TestCustomHeaderAndMethods(t *testing.T) {
 			}
 			return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
 		})
-		c, store := newTestClient(rt, idem.WithHeader("paypal-request-id"), idem.WithKeyedMethods("POST", "PUT"))
+		c, store := newTestClient(rt, idem.WithKeyHeader("paypal-request-id"), idem.WithKeyedMethods("POST", "PUT"))
 		defer c.Close()
 		for _, m := range []string{http.MethodPut, http.MethodPatch} {
 			req, err := http.NewRequest(m, "https://api.paypal.example/v2/orders", strings.NewReader("{}"))

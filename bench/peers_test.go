@@ -131,7 +131,7 @@ func idemOptions(base http.RoundTripper, maxBody int64) []idem.Option {
 		idem.WithBaseTransport(base),
 		idem.WithMaxAttempts(maxAttempts),
 		idem.WithBackoff(backoffMin, backoffMax),
-		idem.WithMaxBodySize(max(maxBody, idem.DefaultMaxBodySize)),
+		idem.WithMaxBodyBytes(max(maxBody, idem.DefaultMaxBodySize)),
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 )
 
@@ -165,7 +166,7 @@ type refusing struct {
 
 func (s *refusing) Complete(ctx context.Context, c idemserver.Completion) error {
 	if s.refuse.Load() {
-		return idemserver.ErrStoreWrite
+		return idem.ErrJournalWrite
 	}
 	return s.Store.Complete(ctx, c)
 }

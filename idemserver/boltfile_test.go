@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 )
 
@@ -43,8 +44,8 @@ func TestOpenBoltStoreRefusesPathsLikeTheJournal(t *testing.T) {
 			if err == nil {
 				s.Close()
 			}
-			require.ErrorIs(t, err, idemserver.ErrStoreWrite)
-			assert.NotErrorIs(t, err, idemserver.ErrStoreCorrupt, "the file is not damaged: it cannot be opened for writing")
+			require.ErrorIs(t, err, idem.ErrJournalWrite)
+			assert.NotErrorIs(t, err, idem.ErrJournalCorrupt, "the file is not damaged: it cannot be opened for writing")
 		})
 	}
 }
@@ -66,10 +67,10 @@ func TestBoltStoreReplacedUnderIt(t *testing.T) {
 	c, err := s.Begin(ctx, idemserver.Begin{ID: "b", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	err = s.Complete(ctx, idemserver.Completion{ID: "b", Token: c.Token, Response: &idemserver.Response{Status: 201}, Now: t0, Until: t0.Add(time.Hour)})
-	require.ErrorIs(t, err, idemserver.ErrStoreWrite)
+	require.ErrorIs(t, err, idem.ErrJournalWrite)
 	assert.Contains(t, err.Error(), "removed or replaced")
 	err = s.Close()
-	require.ErrorIs(t, err, idemserver.ErrStoreWrite, "Close reports the store replaced under it")
+	require.ErrorIs(t, err, idem.ErrJournalWrite, "Close reports the store replaced under it")
 }
 
 func TestBoltStoreOverwrittenWithAnOlderCopy(t *testing.T) {
@@ -92,14 +93,14 @@ func TestBoltStoreOverwrittenWithAnOlderCopy(t *testing.T) {
 	// b's stored response vanished: answering "acquired" would run the
 	// handler a second time.
 	_, err = s.Begin(context.Background(), idemserver.Begin{ID: "b", Fingerprint: "fp", Now: t0.Add(time.Second), LeaseUntil: t0.Add(time.Minute)})
-	require.ErrorIs(t, err, idemserver.ErrStoreCorrupt)
+	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
 	assert.Contains(t, err.Error(), "older copy")
-	require.ErrorIs(t, s.Close(), idemserver.ErrStoreCorrupt, "Close reports it too")
+	require.ErrorIs(t, s.Close(), idem.ErrJournalCorrupt, "Close reports it too")
 }
 
 func TestBoltStoreDamagedPageDuringWrite(t *testing.T) {
 	// A page damaged under a running store: the commit that reads it fails
-	// with ErrStoreCorrupt, not ErrStoreWrite and an untyped panic message.
+	// with idem.ErrJournalCorrupt, not idem.ErrJournalWrite and an untyped panic message.
 	path := filepath.Join(t.TempDir(), "keys.db")
 	s, err := idemserver.OpenBoltStore(path, nil)
 	require.NoError(t, err)
@@ -122,8 +123,8 @@ func TestBoltStoreDamagedPageDuringWrite(t *testing.T) {
 	require.NoError(t, f.Close())
 
 	err = s.Complete(ctx, idemserver.Completion{ID: "key-100x", Token: c.Token, Response: &idemserver.Response{Status: 201}, Now: t0, Until: t0.Add(time.Hour)})
-	require.ErrorIs(t, err, idemserver.ErrStoreCorrupt)
-	assert.NotErrorIs(t, err, idemserver.ErrStoreWrite)
+	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	assert.NotErrorIs(t, err, idem.ErrJournalWrite)
 }
 
 func TestBoltStoreCompactsAtOpen(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/boltfile"
 	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
@@ -22,7 +23,7 @@ import (
 type BoltOptions struct {
 	// LockTimeout bounds how long OpenBoltStore waits for another process
 	// or handle to release the file before it returns an error matching
-	// ErrStoreLocked. Zero means 2 seconds.
+	// idem.ErrJournalLocked. Zero means 2 seconds.
 	LockTimeout time.Duration
 	// MaxGroup caps how many changes one commit (one fsync) carries. Zero
 	// means 1024.
@@ -42,8 +43,8 @@ type BoltOptions struct {
 // flight at once rather than at the end of their leases: no handler of
 // the dead process can still be running, so the next request with such a
 // key runs its handler, as it would after a lapsed lease (see Step). A
-// commit that fails returns an error matching ErrStoreWrite and changes
-// nothing. A damaged file or record gives errors matching ErrStoreCorrupt,
+// commit that fails returns an error matching idem.ErrJournalWrite and changes
+// nothing. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
 // never a panic and never a replay.
 type BoltStore struct {
 	f       *boltfile.File
@@ -64,11 +65,11 @@ var (
 )
 
 // OpenBoltStore opens the store in the file at path, creating it (mode
-// 0600) if it does not exist. It returns an error matching ErrStoreLocked
-// when another process or handle holds the file, ErrStoreCorrupt when the
+// 0600) if it does not exist. It returns an error matching idem.ErrJournalLocked
+// when another process or handle holds the file, idem.ErrJournalCorrupt when the
 // file is damaged, truncated, empty (a store that lost its contents, not
 // a new one) or not a store of this package (the journal of an idem Client
-// is not one), and ErrStoreWrite when it cannot be created or written (a
+// is not one), and idem.ErrJournalWrite when it cannot be created or written (a
 // directory, a missing parent directory, a read-only file system).
 //
 // The file handling is the idem journal's (internal/boltfile): after
@@ -78,7 +79,7 @@ var (
 // least 16 MiB that is more than half free pages (after a burst whose
 // responses have expired) is compacted at Open. Every commit first checks
 // that the path still names the open file, and every transaction that the
-// file has not gone back to an older copy (ErrStoreCorrupt); Close reports
+// file has not gone back to an older copy (idem.ErrJournalCorrupt); Close reports
 // both.
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	var opt BoltOptions
@@ -107,9 +108,9 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 
 // storeErrors are the sentinels the store file's errors match.
 var storeErrors = boltfile.Errors{
-	Locked:  ErrStoreLocked,
-	Corrupt: ErrStoreCorrupt,
-	Write:   ErrStoreWrite,
+	Locked:  idem.ErrJournalLocked,
+	Corrupt: idem.ErrJournalCorrupt,
+	Write:   idem.ErrJournalWrite,
 	Closed:  ErrClosed,
 }
 
@@ -123,9 +124,9 @@ func checkFormat(f []byte) error {
 		// stored answers, which a client's retry within the retention
 		// would still find. Refused, not read.
 		return fmt.Errorf("%w: store format %q of an earlier idemserver, without checksums: "+
-			"wait until its retention has passed, then delete the file or open another path", ErrStoreCorrupt, f)
+			"wait until its retention has passed, then delete the file or open another path", idem.ErrJournalCorrupt, f)
 	}
-	return fmt.Errorf("%w: store format %q, want %q", ErrStoreCorrupt, f, metaFormat)
+	return fmt.Errorf("%w: store format %q, want %q", idem.ErrJournalCorrupt, f, metaFormat)
 }
 
 // write runs fn in the next group commit and waits until it is durable.
@@ -135,14 +136,14 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 	}
 	err := s.w.Do(ctx, fn)
 	switch {
-	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, ErrStoreCorrupt), errors.Is(err, ErrStoreWrite):
+	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrJournalWrite):
 		return err
 	case errors.Is(err, groupcommit.ErrClosed):
 		return ErrClosed
 	case ctx.Err() != nil && errors.Is(err, context.Cause(ctx)):
 		return err
 	}
-	return fmt.Errorf("%w: %w", ErrStoreWrite, err)
+	return fmt.Errorf("%w: %w", idem.ErrJournalWrite, err)
 }
 
 // read runs fn in a read-only transaction.
@@ -197,7 +198,7 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 
 // Close implements Store: it waits for the changes in flight, then closes
 // the file. A file found damaged, replaced or gone back to an older copy
-// while open is reported (ErrStoreCorrupt, ErrStoreWrite): what it
+// while open is reported (idem.ErrJournalCorrupt, idem.ErrJournalWrite): what it
 // accepted may be lost.
 func (s *BoltStore) Close() error {
 	if s.closed.Swap(true) {
@@ -211,7 +212,7 @@ func (s *BoltStore) Close() error {
 			rerr = s.f.StillNamed()
 		}
 	} else {
-		rerr = fmt.Errorf("%w: it was found damaged or replaced while open; responses stored since may be lost", ErrStoreCorrupt)
+		rerr = fmt.Errorf("%w: it was found damaged or replaced while open; responses stored since may be lost", idem.ErrJournalCorrupt)
 	}
 	if rerr != nil {
 		rerr = fmt.Errorf("idemserver: close store: %w", rerr)
@@ -240,7 +241,7 @@ func get(tx *bolt.Tx, id string) (*record, error) {
 	}
 	r, err := decode(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: record %s: %w", ErrStoreCorrupt, id, err)
+		return nil, fmt.Errorf("%w: record %s: %w", idem.ErrJournalCorrupt, id, err)
 	}
 	return r, nil
 }

@@ -25,7 +25,7 @@ func openBolt(t *testing.T) idemserver.Store {
 }
 
 func TestBoltStore(t *testing.T) {
-	storetest.Run(t, openBolt)
+	storetest.Run(t, storetest.Config{Open: openBolt})
 }
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -112,14 +112,14 @@ func TestOpenBoltStoreErrors(t *testing.T) {
 		path string
 		want error
 	}{
-		{"zeros", garbage, idemserver.ErrStoreCorrupt},
-		{"random bytes", random, idemserver.ErrStoreCorrupt},
-		{"idem client journal", journal, idemserver.ErrStoreCorrupt},
-		{"truncated", truncated, idemserver.ErrStoreCorrupt},
-		{"emptied", emptied, idemserver.ErrStoreCorrupt},
-		{"earlier release", earlier, idemserver.ErrStoreCorrupt},
-		{"locked by another handle", locked, idemserver.ErrStoreLocked},
-		{"missing directory", filepath.Join(dir, "no", "such", "dir", "keys.db"), idemserver.ErrStoreWrite},
+		{"zeros", garbage, idem.ErrJournalCorrupt},
+		{"random bytes", random, idem.ErrJournalCorrupt},
+		{"idem client journal", journal, idem.ErrJournalCorrupt},
+		{"truncated", truncated, idem.ErrJournalCorrupt},
+		{"emptied", emptied, idem.ErrJournalCorrupt},
+		{"earlier release", earlier, idem.ErrJournalCorrupt},
+		{"locked by another handle", locked, idem.ErrJournalLocked},
+		{"missing directory", filepath.Join(dir, "no", "such", "dir", "keys.db"), idem.ErrJournalWrite},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -165,5 +165,5 @@ func TestBoltStoreDamagedRecord(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	_, err = s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0.Add(time.Second), LeaseUntil: t0.Add(time.Minute)})
-	assert.ErrorIs(t, err, idemserver.ErrStoreCorrupt)
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 )
 
@@ -46,7 +47,7 @@ type stalled struct {
 
 func (s *stalled) Renew(ctx context.Context, id, token string, now, until time.Time) error {
 	if s.stall.Load() {
-		return idemserver.ErrStoreWrite
+		return idem.ErrJournalWrite
 	}
 	return s.Store.Renew(ctx, id, token, now, until)
 }

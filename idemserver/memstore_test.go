@@ -8,5 +8,5 @@ import (
 )
 
 func TestMemoryStore(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) idemserver.Store { return idemserver.NewMemoryStore() })
+	storetest.Run(t, storetest.Config{Open: func(t *testing.T) idemserver.Store { return idemserver.NewMemoryStore() }})
 }

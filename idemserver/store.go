@@ -158,6 +158,14 @@ type Response struct {
 
 // Errors of stores and of the middleware's setup. Each is returned wrapped;
 // match with errors.Is.
+//
+// A store whose file or database cannot be used returns the errors the
+// client's journal returns, one word for one thing on both sides:
+// idem.ErrJournalLocked (another process or handle holds the file),
+// idem.ErrJournalCorrupt (a truncated, damaged, emptied or foreign file,
+// or a record that fails its checksum: never replayed) and
+// idem.ErrJournalWrite (a change that could not be made durable, or a
+// store that cannot be reached).
 var (
 	// ErrLockLost is returned by Renew, Complete and Release when the
 	// caller no longer holds the record: its lease lapsed and another
@@ -165,19 +173,9 @@ var (
 	ErrLockLost = errors.New("idemserver: lock on the key was lost")
 	// ErrClosed is returned by a store after Close.
 	ErrClosed = errors.New("idemserver: store closed")
-	// ErrStoreLocked is returned by OpenBoltStore when another process or
-	// handle holds the file.
-	ErrStoreLocked = errors.New("idemserver: store file is locked by another process or handle")
-	// ErrStoreCorrupt is returned when the store file or a record in it
-	// cannot be read: a truncated, damaged or foreign file.
-	ErrStoreCorrupt = errors.New("idemserver: store is corrupt")
 	// ErrRolledBack is returned by RequestTx.Commit when nothing was
 	// committed, for certain: the database refused the commit (a deferred
 	// constraint, a serialization failure) or the transaction failed
 	// earlier. The handler's writes and the answer are both gone.
 	ErrRolledBack = errors.New("idemserver: request transaction rolled back")
-	// ErrStoreWrite is returned when a change could not be made durable
-	// (a full disk, a read-only file, an I/O error) or the store could not
-	// be reached (a database that is down).
-	ErrStoreWrite = errors.New("idemserver: store write failed")
 )

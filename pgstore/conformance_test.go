@@ -16,7 +16,7 @@ import (
 // one's schema, as a restarted replica would.
 func TestConformance(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	storetest.TestKeyStore(t, storetest.Config{
+	storetest.Run(t, storetest.Config{
 		Open: func(t *testing.T) idem.KeyStore { return openStore(t, pgstore.WithCallerLeaseTimes()) },
 		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
 			s, err := pgstore.Open(testContext(t), dsn, pgstore.WithSchema(closed.(*pgstore.Store).Schema()), pgstore.WithCallerLeaseTimes())

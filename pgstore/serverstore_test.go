@@ -35,12 +35,12 @@ func openServerStore(t *testing.T, dsn, schema string) *pgstore.ServerStore {
 // on a schema of its own.
 func TestServerStoreConformance(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	storetest.Run(t, func(t *testing.T) idemserver.Store {
+	storetest.Run(t, storetest.Config{Open: func(t *testing.T) idemserver.Store {
 		s, err := pgstore.OpenServerStore(testContext(t), dsn, pgstore.WithSchema(pgtest.Schema(t, dsn)))
 		require.NoError(t, err)
 		pgstore.SetCallerClock(s) // the suite moves time by the times it passes
 		return s                  // Run closes it
-	})
+	}})
 }
 
 // TestServerStoreExactTimes checks that times keep their nanoseconds.
@@ -241,7 +241,7 @@ func TestServerStoreUnreachable(t *testing.T) {
 
 	now := time.Now()
 	_, err := s.Begin(testContext(t), idemserver.Begin{ID: "direct", Fingerprint: "f", Now: now, LeaseUntil: now.Add(time.Minute)})
-	assert.ErrorIs(t, err, idemserver.ErrStoreWrite)
+	assert.ErrorIs(t, err, idem.ErrJournalWrite)
 }
 
 // TestOpenServerStoreUnreachable needs no server: nothing listens on the
@@ -251,7 +251,7 @@ func TestOpenServerStoreUnreachable(t *testing.T) {
 	defer cancel()
 	_, err := pgstore.OpenServerStore(ctx, "postgres://idem@127.0.0.1:1/none?connect_timeout=5")
 	require.Error(t, err)
-	assert.True(t, errors.Is(err, idemserver.ErrStoreWrite), "got %v", err)
+	assert.True(t, errors.Is(err, idem.ErrJournalWrite), "got %v", err)
 	assert.False(t, errors.Is(err, idem.ErrJournalWrite), "the client's sentinel: %v", err)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
@@ -109,7 +110,7 @@ func TestTxRefusedCommit(t *testing.T) {
 type cutOff struct{ *pgstore.ServerStore }
 
 func (cutOff) Renew(context.Context, string, string, time.Time, time.Time) error {
-	return idemserver.ErrStoreWrite
+	return idem.ErrJournalWrite
 }
 
 // TestTxFencing: a handler whose renewals fail is cancelled before its

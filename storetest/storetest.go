@@ -4,7 +4,7 @@
 // your own should too:
 //
 //	func TestMyStore(t *testing.T) {
-//		storetest.TestKeyStore(t, storetest.Config{
+//		storetest.Run(t, storetest.Config{
 //			Open: func(t *testing.T) idem.KeyStore { return openMyStore(t) },
 //		})
 //	}
@@ -34,9 +34,9 @@ type Config struct {
 	Reopen func(t *testing.T, closed idem.KeyStore) idem.KeyStore
 }
 
-// TestKeyStore runs the contract tests, each as a subtest with a store of
+// Run runs the contract tests, each as a subtest with a store of
 // its own.
-func TestKeyStore(t *testing.T, c Config) {
+func Run(t *testing.T, c Config) {
 	if c.Open == nil {
 		t.Fatal("storetest: Config.Open is nil")
 	}

@@ -40,7 +40,7 @@ func childApp() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	n, _ := strconv.Atoi(os.Getenv("IDEM_APP_OPS"))
-	c, err := idem.Open(os.Getenv("IDEM_JOURNAL"), idem.WithHeader(appHeader),
+	c, err := idem.Open(os.Getenv("IDEM_JOURNAL"), idem.WithKeyHeader(appHeader),
 		idem.WithResendWindow(47*time.Hour), idem.WithMaxAttempts(3),
 		idem.WithBackoff(time.Millisecond, 5*time.Millisecond),
 		idem.WithBaseTransport(&http.Transport{DisableKeepAlives: true}))

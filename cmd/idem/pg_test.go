@@ -357,7 +357,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	p := newSharedProvider(t)
 	policy := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 3 * time.Hour, Retention: 5 * time.Hour}
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond),
-		idem.WithHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
+		idem.WithKeyHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
 	lost := app.pay(t, "pay:lost", p.URL+"/lost")
 	secret := app.payWith(t, "pay:secret", p.URL+"/lost-secret", "Bearer sk_live_not_journaled")
 	require.NoError(t, app.c.Close())

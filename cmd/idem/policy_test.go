@@ -78,7 +78,7 @@ func forgedOp(key, name, url string, created time.Time) idem.Operation {
 func TestResumeSendsUnderTheApplicationsKeyHeader(t *testing.T) {
 	p := newProvider(t)
 	path := filepath.Join(t.TempDir(), "journal.db")
-	c, err := idem.Open(path, idem.WithHeader("PayPal-Request-Id"), idem.WithMaxAttempts(1),
+	c, err := idem.Open(path, idem.WithKeyHeader("PayPal-Request-Id"), idem.WithMaxAttempts(1),
 		idem.WithBaseTransport(&http.Transport{DisableKeepAlives: true}))
 	require.NoError(t, err)
 	ctx := idem.WithOperation(context.Background(), "pay:1")

@@ -125,7 +125,7 @@ func (c *cli) resume(o resumeOptions) error {
 	}
 	opts := []idem.Option{
 		idem.WithResumeConcurrency(o.concurrency),
-		idem.WithHeader(c.policy.KeyHeader), // for records that do not say theirs
+		idem.WithKeyHeader(c.policy.KeyHeader), // for records that do not say theirs
 		idem.WithResendWindow(window),
 		idem.WithRetention(c.policy.Retention),
 		idem.WithResendMatchWindow(0),

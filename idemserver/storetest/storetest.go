@@ -3,13 +3,13 @@
 // by passing Run.
 //
 //	func TestMyStore(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) idemserver.Store {
+//		storetest.Run(t, storetest.Config{Open: func(t *testing.T) idemserver.Store {
 //			s, err := mystore.Open(...)
 //			if err != nil {
 //				t.Fatal(err)
 //			}
 //			return s
-//		})
+//		}})
 //	}
 //
 // The suite passes every time explicitly (whole seconds, UTC), so a store
@@ -48,9 +48,21 @@ const (
 	keep  = 24 * time.Hour
 )
 
-// Run runs the conformance suite. open must return a new, empty store for
-// each call; Run closes every store it opens.
-func Run(t *testing.T, open func(t *testing.T) idemserver.Store) {
+// Config says how to get stores under test, as the client side's
+// storetest.Config does.
+type Config struct {
+	// Open returns a new, empty store for each call; Run closes every
+	// store it opens.
+	Open func(t *testing.T) idemserver.Store
+}
+
+// Run runs the conformance suite, each test as a subtest with a store of
+// its own.
+func Run(t *testing.T, c Config) {
+	if c.Open == nil {
+		t.Fatal("storetest: Config.Open is nil")
+	}
+	open := c.Open
 	tests := []struct {
 		name string
 		fn   func(t *testing.T, s idemserver.Store)

@@ -76,7 +76,7 @@ func TestBrokenStoreChild(t *testing.T) {
 	if name == "" {
 		t.Skip("run by TestSuiteFailsBrokenStores")
 	}
-	storetest.Run(t, func(*testing.T) idemserver.Store { return broken[name].wrap(idemserver.NewMemoryStore()) })
+	storetest.Run(t, storetest.Config{Open: func(*testing.T) idemserver.Store { return broken[name].wrap(idemserver.NewMemoryStore()) }})
 }
 
 // TestSuiteFailsBrokenStores checks that the suite catches each broken
@@ -99,5 +99,5 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 
 // TestMemoryStorePasses is the control: the unbroken store passes.
 func TestMemoryStorePasses(t *testing.T) {
-	storetest.Run(t, func(*testing.T) idemserver.Store { return idemserver.NewMemoryStore() })
+	storetest.Run(t, storetest.Config{Open: func(*testing.T) idemserver.Store { return idemserver.NewMemoryStore() }})
 }
