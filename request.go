@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/idemgo/idem/internal/readall"
 )
 
 // checkRequest returns why req can never be sent, or nil: no URL, a scheme
@@ -244,21 +246,7 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 // readAtMost reads r to its end or to n bytes, whichever comes first, as
 // io.ReadAll(io.LimitReader(r, n)) does without the LimitedReader.
 func readAtMost(r io.Reader, n int64) ([]byte, error) {
-	b := make([]byte, 0, min(n, 512))
-	for int64(len(b)) < n {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // let append grow the buffer
-		}
-		m, err := r.Read(b[len(b):min(int64(cap(b)), n)])
-		b = b[:len(b)+m]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
-	return b, nil
+	return readall.Append(make([]byte, 0, min(n, 512)), r, n)
 }
 
 // closeBody closes a request's body, as a RoundTripper must even on errors.

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgo/idem/internal/readall"
 )
 
 // Middleware makes handlers idempotent by key, following
@@ -265,21 +267,10 @@ func readBody(body io.Reader, prefix []byte, limit, size int64) ([]byte, error) 
 	}
 	b := make([]byte, len(prefix)+8, len(prefix)+8+int(n))
 	copy(b, prefix)
-	end := int64(len(b)) + limit + 1 // read no more than limit+1 bytes
-	for body != nil && int64(len(b)) < end {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // let append grow the buffer
-		}
-		m, err := body.Read(b[len(b):min(int64(cap(b)), end)])
-		b = b[:len(b)+m]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
+	if body == nil {
+		return b, nil
 	}
-	return b, nil
+	return readall.Append(b, body, int64(len(b))+limit+1) // no more than limit+1 bytes
 }
 
 // maxPresize is the largest body readBody allocates for before reading it.
