@@ -144,7 +144,11 @@ func (e *Error) Error() string {
 	b.WriteString(")")
 	if e.Err != nil {
 		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
+		msg := e.Err.Error()
+		if e.Cause != nil { // an Err that wraps Cause would say it twice
+			msg = strings.TrimPrefix(msg, e.Cause.Error()+": ")
+		}
+		b.WriteString(msg)
 	}
 	return b.String()
 }

@@ -93,6 +93,7 @@ func TestProviderRefusesCallersKeyOfWrongFormat(t *testing.T) {
 				r.Body.Close()
 			}
 			require.ErrorIs(t, err, idem.ErrInvalidKey)
+			assert.Equal(t, 1, strings.Count(err.Error(), "invalid idempotency key"), "the cause said once: %v", err)
 			assert.Empty(t, rt.sent, "nothing was sent")
 		})
 	}
