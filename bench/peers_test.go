@@ -250,8 +250,9 @@ func benchSmall(b *testing.B, l lib, inflight int, url string) {
 
 // cpuTime returns the CPU time (user and system) this process has used:
 // the client's cost of a request, which the server in its child process
-// does not share, and which other load on a shared machine disturbs far
-// less than req/s.
+// does not share. It includes the runtime's idle spinning, which at one
+// request in flight is most of it: compare it between libraries at the
+// same in-flight count, not as an absolute cost.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
