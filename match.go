@@ -203,23 +203,26 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 	}
 	var space [512]byte
 	b := append(space[:0], fp[:]...)
-	var buf [24]string // header names as sent, sorted: maps iterate at random
+	// Header names as sent, with their canonical form (computed once, not
+	// in every comparison), sorted: maps iterate at random.
+	type name struct{ canon, sent string }
+	var buf [24]name
 	names := buf[:0]
 	for k := range req.Header {
 		ck := http.CanonicalHeaderKey(k)
 		if !c.secret[ck] && !c.volatile[ck] && ck != c.header {
-			names = append(names, k)
+			names = append(names, name{ck, k})
 		}
 	}
-	slices.SortFunc(names, func(a, b string) int {
-		if c := strings.Compare(http.CanonicalHeaderKey(a), http.CanonicalHeaderKey(b)); c != 0 {
+	slices.SortFunc(names, func(a, b name) int {
+		if c := strings.Compare(a.canon, b.canon); c != 0 {
 			return c
 		}
-		return strings.Compare(a, b)
+		return strings.Compare(a.sent, b.sent)
 	})
-	for _, k := range names {
-		b = appendString(b, 'h', http.CanonicalHeaderKey(k))
-		for _, v := range req.Header[k] {
+	for _, n := range names {
+		b = appendString(b, 'h', n.canon)
+		for _, v := range req.Header[n.sent] {
 			b = appendString(b, 'v', v)
 		}
 	}

@@ -216,14 +216,7 @@ func (p *peekedBody) peek() {
 }
 
 // stalled reports whether the peek is still waiting for the body.
-func (p *peekedBody) stalled() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *peekedBody) stalled() bool { return !ready(p.done) }
 
 func (p *peekedBody) Read(b []byte) (int, error) {
 	<-p.done

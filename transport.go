@@ -159,10 +159,9 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 			key, matched = k, true
 		}
 	}
-	now := time.Now()
+	// The journal stamps its state, times, lease and key header (stamp).
 	op := Operation{
 		Key: key, Name: name, Method: req.Method, URL: jurl, Fingerprint: fp,
-		State: StatePending, Created: now, Owner: t.j.owner, LeaseUntil: now.Add(t.j.lease),
 		Redacted: redacted || secrets, Unreplayable: rest != nil,
 		Header: header, Body: body,
 	}
