@@ -95,6 +95,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	}
 	j.keyHeader = cfg.header
 	t := &Transport{cfg: cfg, j: j}
+	j.newKey = t.cfg.newKey
 	c := &Client{t: t, resuming: make(chan struct{}, 1)}
 	c.closing, c.stopClosing = context.WithCancelCause(context.Background())
 	c.http = &http.Client{Transport: t, CheckRedirect: t.checkRedirect}

@@ -18,7 +18,8 @@ import (
 type journal struct {
 	store     KeyStore
 	owner     string
-	keyHeader string // what Operation.KeyHeader records
+	keyHeader string                 // what Operation.KeyHeader records
+	newKey    func() (string, error) // makes a key in the provider's format
 	// refused, if set, is why this Client may not use the journal (its
 	// policy conflicts with the journal's): every call fails with it.
 	refused      error

@@ -123,7 +123,7 @@ func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matche
 				return ie
 			}
 		case errors.Is(err, errMatchSettled):
-			key, kerr := newKey()
+			key, kerr := j.newKey()
 			if kerr != nil {
 				return &Error{Name: op.Name, Cause: ErrInvalidKey, Err: kerr}
 			}

@@ -2,10 +2,13 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -214,4 +217,68 @@ func withHeader(s step, k, v string) step {
 	s.header = s.header.Clone()
 	s.header.Set(k, v)
 	return s
+}
+
+// TestProviderKeyAfterASettledMatch makes a call that was matched to an
+// earlier call in doubt find that call settled while it waited, so that it
+// needs a key of its own: that key must fit the provider's format too
+// (Amazon Pay: 32 of [A-Za-z0-9_-]), as every other key idem makes does.
+func TestProviderKeyAfterASettledMatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu    sync.Mutex
+			keys  []string
+			calls int
+		)
+		second := make(chan struct{}) // closed when the matched resend is on the wire
+		release := make(chan struct{})
+		rt := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			mu.Lock()
+			calls++
+			n := calls
+			keys = append(keys, r.Header.Get(idem.AmazonPay.Header))
+			mu.Unlock()
+			switch n {
+			case 1:
+				return nil, errors.New("connection reset by peer") // in doubt
+			case 2:
+				close(second)
+				<-release
+			}
+			return &http.Response{StatusCode: 201, Body: io.NopCloser(strings.NewReader("{}")), Header: http.Header{}, Request: r}, nil
+		})
+		c := idem.New(idem.NewMemoryStore(), idem.WithProvider(idem.AmazonPay), idem.WithBaseTransport(rt), idem.WithMaxAttempts(1))
+		defer c.Close()
+		ctx := context.Background()
+		if r, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`); err == nil {
+			r.Body.Close()
+		}
+		done := make(chan struct{})
+		go func() { // the SDK's resend: matched to the first call's key
+			defer close(done)
+			if r, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`); err == nil {
+				io.Copy(io.Discard, r.Body)
+				r.Body.Close()
+			}
+		}()
+		<-second
+		third := make(chan struct{})
+		go func() { // another resend, matched too, waits for the second
+			defer close(third)
+			if r, err := post(t, ctx, c.HTTPClient(), `{"amount":1}`); err == nil {
+				io.Copy(io.Discard, r.Body)
+				r.Body.Close()
+			}
+		}()
+		synctest.Wait() // the third call waits for the second
+		close(release)
+		<-done
+		<-third
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotEmpty(t, keys)
+		for _, k := range keys {
+			assert.NoError(t, idem.AmazonPay.CheckKey(k), "every key sent fits the provider: %q", k)
+		}
+	})
 }
