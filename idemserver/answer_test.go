@@ -80,13 +80,7 @@ func TestNotKept(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
-				a := &app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
-					if run == 1 {
-						tt.first(w, r)
-						return
-					}
-					created(w, r, run)
-				}}
+				a := firstThen(tt.first)
 				h := idemserver.New(s).Required(a)
 				func() {
 					defer func() { recover() }()

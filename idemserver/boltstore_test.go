@@ -30,15 +30,24 @@ func TestBoltStore(t *testing.T) {
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
+// completeDone claims the key "done" at t0 and completes it with a 201
+// whose body is body, kept for an hour; it returns the stored response.
+func completeDone(t *testing.T, s idemserver.Store, body string) *idemserver.Response {
+	t.Helper()
+	ctx := context.Background()
+	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	require.NoError(t, err)
+	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte(body)}
+	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	return resp
+}
+
 func TestBoltStoreSurvivesReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	ctx := context.Background()
 	s, err := idemserver.OpenBoltStore(path, nil)
 	require.NoError(t, err)
-	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
-	require.NoError(t, err)
-	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte("ok")}
-	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	resp := completeDone(t, s, "ok")
 	_, err = s.Begin(ctx, idemserver.Begin{ID: "held", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
@@ -50,7 +59,7 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	s, err = idemserver.OpenBoltStore(path, nil)
 	require.NoError(t, err)
 	defer s.Close()
-	c, err = s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0.Add(2 * time.Minute), LeaseUntil: t0.Add(3 * time.Minute)})
+	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0.Add(2 * time.Minute), LeaseUntil: t0.Add(3 * time.Minute)})
 	require.NoError(t, err)
 	require.Equal(t, idemserver.StateDone, c.State)
 	assert.Equal(t, resp, c.Response)
@@ -143,10 +152,7 @@ func TestBoltStoreDamagedRecord(t *testing.T) {
 	ctx := context.Background()
 	s, err := idemserver.OpenBoltStore(path, nil)
 	require.NoError(t, err)
-	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
-	require.NoError(t, err)
-	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte(`{"amount":100}`)}
-	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	completeDone(t, s, `{"amount":100}`)
 	require.NoError(t, s.Close())
 
 	db, err := bolt.Open(path, 0o600, nil)

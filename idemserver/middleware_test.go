@@ -58,6 +58,18 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	created(w, r, n)
 }
 
+// firstThen is an app whose first run answers with first and every later
+// run with created.
+func firstThen(first func(w http.ResponseWriter, r *http.Request)) *app {
+	return &app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
+		if run == 1 {
+			first(w, r)
+			return
+		}
+		created(w, r, run)
+	}}
+}
+
 // created answers 201 with the request body echoed and the run number.
 func created(w http.ResponseWriter, r *http.Request, run int) {
 	body, _ := io.ReadAll(r.Body)
@@ -290,13 +302,7 @@ func TestNotStored(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
-				a := &app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
-					if run == 1 {
-						tt.first(w, r)
-						return
-					}
-					created(w, r, run)
-				}}
+				a := firstThen(tt.first)
 				h := idemserver.New(s, tt.opts...).Required(a)
 				first := func() (w *httptest.ResponseRecorder, panicked any) {
 					defer func() { panicked = recover() }()

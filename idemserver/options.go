@@ -182,10 +182,12 @@ func WithWebhookClientErrors(store bool) Option {
 }
 
 // WithStoreTimeout bounds each call the middleware makes to its Store
-// (claim, renewal, completion, release, sweep), so that a database that
-// drops packets does not hold a request for the operating system's TCP
-// timeout. A claim is bounded by the request's context too. The default
-// is DefaultStoreTimeout.
+// (claim, renewal, completion, release), so that a database that drops
+// packets does not hold a request for the operating system's TCP
+// timeout. A claim is bounded by the request's context too, a renewal by
+// a third of the lease if that is shorter. A background sweep, off the
+// request's path, is bounded by the longer of d and the sweep interval.
+// The default is DefaultStoreTimeout.
 func WithStoreTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {

@@ -38,6 +38,17 @@ func viaProxy(t *testing.T, opts ...pgstore.Option) (*proxy, *pgstore.Store, *pg
 	return p, s, direct
 }
 
+// chargedOnce asserts that the journal PostgreSQL holds records key as
+// succeeded and that srv ran its handler once; msgAndArgs go with the
+// state's assertion.
+func chargedOnce(t *testing.T, ctx context.Context, direct *pgstore.Store, srv *idemtest.Server, key string, msgAndArgs ...any) {
+	t.Helper()
+	rec, err := direct.Get(ctx, key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, msgAndArgs...)
+	assert.Equal(t, 1, srv.Stats().Runs, "charges")
+}
+
 // TestReserveOutcomeUnknown loses the answer to a reservation that
 // PostgreSQL committed: the caller is told the outcome is unknown, with
 // the key the journal now holds, never "not journaled"; the row is there;
@@ -73,10 +84,7 @@ func TestReserveOutcomeUnknown(t *testing.T) {
 	}
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, status)
-	rec, err := direct.Get(ctx, ie.Key)
-	require.NoError(t, err)
-	assert.Equal(t, idem.StateSucceeded, rec.State)
-	assert.Equal(t, 1, srv.Stats().Runs, "charges")
+	chargedOnce(t, ctx, direct, srv, ie.Key)
 }
 
 // TestReserveOutcomeUnknownResumed leaves an outcome-unknown reservation
@@ -111,10 +119,7 @@ func TestReserveOutcomeUnknownResumed(t *testing.T) {
 	}
 	require.NoError(t, err)
 	assert.Equal(t, []string{ie.Key}, resumed, "Resume sends the in-doubt reservation under the caller's key")
-	rec, err := direct.Get(ctx, ie.Key)
-	require.NoError(t, err)
-	assert.Equal(t, idem.StateSucceeded, rec.State)
-	assert.Equal(t, 1, srv.Stats().Runs, "charges")
+	chargedOnce(t, ctx, direct, srv, ie.Key)
 }
 
 // TestReserveRetriedAfterCut cuts the connection of a reservation after
@@ -265,10 +270,7 @@ func TestUnnamedOutcomeUnknownResend(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
-	rec, err := direct.Get(ctx, ie.Key)
-	require.NoError(t, err)
-	assert.Equal(t, idem.StateSucceeded, rec.State, "the resend used the key the error carried")
-	assert.Equal(t, 1, srv.Stats().Runs, "charges")
+	chargedOnce(t, ctx, direct, srv, ie.Key, "the resend used the key the error carried")
 }
 
 // TestStalledFinishKeepsAnswer black-holes PostgreSQL while the provider

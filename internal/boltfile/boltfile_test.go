@@ -258,10 +258,14 @@ func TestAFileReplacedWhileOpen(t *testing.T) {
 	only(t, f.StillNamed(), errWrite)
 }
 
-func TestAFileOverwrittenWithAnOlderCopy(t *testing.T) {
+// restoredOverOpen opens a file, writes "a", takes a backup, writes "b"
+// and "c", then restores the backup over the open file, in place. It
+// returns the open handle and a put that writes one key through it.
+func restoredOverOpen(t *testing.T) (*boltfile.File, func(k string) error) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "x.db")
 	f := open(t, path)
-	defer f.Release()
+	t.Cleanup(func() { f.Release() })
 	put := func(k string) error {
 		return f.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketA).Put([]byte(k), []byte("v")) })
 	}
@@ -277,8 +281,12 @@ func TestAFileOverwrittenWithAnOlderCopy(t *testing.T) {
 	_, err = w.WriteAt(backup, 0)
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
+	return f, put
+}
 
-	err = f.View(func(*bolt.Tx) error { return nil })
+func TestAFileOverwrittenWithAnOlderCopy(t *testing.T) {
+	f, put := restoredOverOpen(t)
+	err := f.View(func(*bolt.Tx) error { return nil })
 	only(t, err, errCorrupt)
 	assert.Contains(t, err.Error(), "older copy")
 	assert.True(t, f.Broken())
@@ -286,26 +294,11 @@ func TestAFileOverwrittenWithAnOlderCopy(t *testing.T) {
 }
 
 func TestAWriteOnAnOlderCopyIsRefused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "x.db")
-	f := open(t, path)
-	defer f.Release()
-	put := func(k string) error {
-		return f.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketA).Put([]byte(k), []byte("v")) })
-	}
-	require.NoError(t, put("a"))
-	backup, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, put("b"))
-	require.NoError(t, put("c"))
-	w, err := os.OpenFile(path, os.O_WRONLY, 0)
-	require.NoError(t, err)
-	_, err = w.WriteAt(backup, 0)
-	require.NoError(t, err)
-	require.NoError(t, w.Close())
+	_, put := restoredOverOpen(t)
 
 	// The first access after the restore is a write: its transaction ID
 	// is not above the ones this handle saw.
-	err = put("d")
+	err := put("d")
 	only(t, err, errCorrupt)
 	assert.Contains(t, err.Error(), "older copy")
 }

@@ -29,6 +29,7 @@ type Server struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	closed   bool // Close ran: a connection accepted since is closed at once
 }
 
 // New starts a Server on a loopback port.
@@ -51,6 +52,7 @@ func (s *Server) Requests() int { return int(s.requests.Load()) }
 func (s *Server) Close() {
 	s.ln.Close()
 	s.mu.Lock()
+	s.closed = true
 	for c := range s.conns {
 		c.Close()
 	}
@@ -66,6 +68,13 @@ func (s *Server) accept() {
 			return
 		}
 		s.mu.Lock()
+		if s.closed {
+			// Accepted just before the listener closed, after Close
+			// closed the connections it knew.
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 		s.wg.Add(1)
