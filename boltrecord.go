@@ -177,7 +177,7 @@ func (s *BoltStore) Policy(ctx context.Context) (Policy, error) {
 		return Policy{}, err
 	}
 	var p Policy
-	err := s.f.view(func(tx *bolt.Tx) error {
+	err := s.f.View(func(tx *bolt.Tx) error {
 		m := tx.Bucket(bucketMeta)
 		if m == nil {
 			return fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
