@@ -95,10 +95,10 @@ var (
 	_ PolicyStore = (*BoltStore)(nil)
 )
 
-// LastChange implements LastChanger: it returns when the journal file was last written before this
-// store opened it (its modification time), or the zero time for a new
-// journal. A Client uses it to bound how far it trusts its wall clock when
-// it sweeps.
+// LastChange implements LastChanger: it returns when the journal file was
+// last written before this store opened it (its modification time), or the
+// zero time for a new journal. A Client uses it to bound how far it trusts
+// its wall clock when it sweeps.
 func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
 	return s.f.Modified(), nil
 }
@@ -108,10 +108,10 @@ func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout; ErrJournalCorrupt for a
 // damaged, truncated, empty or foreign file, or one whose pending records
-// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for a journal
-// of another format version; and ErrJournalWrite if the file cannot be
-// created or opened for writing (an empty path, a directory, a missing
-// parent directory, a read-only file system).
+// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for
+// a journal of another format version; and ErrJournalWrite if the file
+// cannot be created or opened for writing (an empty path, a directory, a
+// missing parent directory, a read-only file system).
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	var opt BoltOptions
 	if o != nil {
