@@ -32,7 +32,7 @@ func (f *boltFile) check() error {
 			bad = append(bad, err)
 		}
 	}
-	err := f.view(func(tx *bolt.Tx) error {
+	err := f.View(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
 			return err

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/boltfile"
-	bolt "go.etcd.io/bbolt"
 )
 
 // This file holds BoltStore's options, its buckets and format marker and
@@ -166,12 +165,3 @@ func checkFormat(got []byte) error {
 	}
 	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", ErrRecordVersion, got, metaFormat)
 }
-
-// The store's calls into the file, by their names before the file
-// handling moved into internal/boltfile.
-
-func (f *boltFile) view(fn func(*bolt.Tx) error) error   { return f.View(fn) }
-func (f *boltFile) update(fn func(*bolt.Tx) error) error { return f.Update(fn) }
-func (f *boltFile) corrupt(p any) error                  { return f.Corrupt(p) }
-func (f *boltFile) release() error                       { return f.Release() }
-func (f *boltFile) stillNamed() error                    { return f.StillNamed() }

@@ -34,6 +34,14 @@ func namesOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 	return b, nil
 }
 
+func metaOf(tx *bolt.Tx) (*bolt.Bucket, error) {
+	b := tx.Bucket(bucketMeta)
+	if b == nil {
+		return nil, fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+	}
+	return b, nil
+}
+
 func toNanos(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
@@ -177,10 +185,10 @@ func (s *BoltStore) Policy(ctx context.Context) (Policy, error) {
 		return Policy{}, err
 	}
 	var p Policy
-	err := s.f.view(func(tx *bolt.Tx) error {
-		m := tx.Bucket(bucketMeta)
-		if m == nil {
-			return fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+	err := s.f.View(func(tx *bolt.Tx) error {
+		m, err := metaOf(tx)
+		if err != nil {
+			return err
 		}
 		v := m.Get(metaPolicyKey)
 		if v == nil {
@@ -208,9 +216,9 @@ func (s *BoltStore) SetPolicy(ctx context.Context, p Policy) error {
 	v := codec.EncodePolicy(&codec.Policy{KeyHeader: p.KeyHeader, ResendWindow: int64(p.ResendWindow),
 		Retention: int64(p.Retention), MatchWindow: int64(p.MatchWindow)})
 	err := s.write(ctx, func(tx *bolt.Tx) error {
-		m := tx.Bucket(bucketMeta)
-		if m == nil {
-			return fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+		m, err := metaOf(tx)
+		if err != nil {
+			return err
 		}
 		return m.Put(metaPolicyKey, v)
 	})

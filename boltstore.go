@@ -95,10 +95,10 @@ var (
 	_ PolicyStore = (*BoltStore)(nil)
 )
 
-// LastChange implements LastChanger: it returns when the journal file was last written before this
-// store opened it (its modification time), or the zero time for a new
-// journal. A Client uses it to bound how far it trusts its wall clock when
-// it sweeps.
+// LastChange implements LastChanger: it returns when the journal file was
+// last written before this store opened it (its modification time), or the
+// zero time for a new journal. A Client uses it to bound how far it trusts
+// its wall clock when it sweeps.
 func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
 	return s.f.Modified(), nil
 }
@@ -108,10 +108,10 @@ func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout; ErrJournalCorrupt for a
 // damaged, truncated, empty or foreign file, or one whose pending records
-// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for a journal
-// of another format version; and ErrJournalWrite if the file cannot be
-// created or opened for writing (an empty path, a directory, a missing
-// parent directory, a read-only file system).
+// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for
+// a journal of another format version; and ErrJournalWrite if the file
+// cannot be created or opened for writing (an empty path, a directory, a
+// missing parent directory, a read-only file system).
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	var opt BoltOptions
 	if o != nil {
@@ -144,9 +144,9 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 			return nil, fmt.Errorf("open journal %s: %w", path, err)
 		}
 	}
-	s.w = groupcommit.New(f.update, groupcommit.Options{
+	s.w = groupcommit.New(f.Update, groupcommit.Options{
 		MaxGroup:   opt.MaxGroup,
-		Recover:    f.corrupt,
+		Recover:    f.Corrupt,
 		OnCommit:   opt.OnCommit,
 		AsyncDelay: opt.asyncDelay,
 		OnAsyncError: func(err error) {
@@ -171,7 +171,7 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return s.f.update(fn)
+		return s.f.Update(fn)
 	}
 	return closedErr(s.w.Do(ctx, fn))
 }
@@ -179,7 +179,7 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 // writeAsync queues fn for the next commit and returns at once.
 func (s *BoltStore) writeAsync(fn func(*bolt.Tx) error) error {
 	if s.o.perWrite {
-		return s.f.update(fn)
+		return s.f.Update(fn)
 	}
 	return closedErr(s.w.Go(fn))
 }
@@ -415,7 +415,7 @@ func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
 		return Operation{}, err
 	}
 	var op Operation
-	err := s.f.view(func(tx *bolt.Tx) error {
+	err := s.f.View(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
 			return err
@@ -435,7 +435,7 @@ func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
 		return Operation{}, err
 	}
 	var op Operation
-	err := s.f.view(func(tx *bolt.Tx) error {
+	err := s.f.View(func(tx *bolt.Tx) error {
 		names, err := namesOf(tx)
 		if err != nil {
 			return err
@@ -543,7 +543,7 @@ func (s *BoltStore) known(key string, finish bool) error {
 	if s.takeLive(key, finish) {
 		return nil
 	}
-	return s.f.view(func(tx *bolt.Tx) error {
+	return s.f.View(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
 			return err
@@ -578,18 +578,18 @@ func (s *BoltStore) Close() error {
 		}
 	}
 	if werr == nil && s.f.scrubDue() && !s.f.Broken() {
-		serr = s.f.update(s.f.scrub)
+		serr = s.f.Update(s.f.scrub)
 	}
 	// A journal replaced under this store (renamed over, or overwritten in
 	// place with an older copy) is reported: what it accepted may be lost.
 	var rerr error
 	if !s.f.Broken() {
-		rerr = s.f.view(func(*bolt.Tx) error { return nil })
+		rerr = s.f.View(func(*bolt.Tx) error { return nil })
 		if rerr == nil {
-			rerr = s.f.stillNamed()
+			rerr = s.f.StillNamed()
 		}
 	} else {
 		rerr = fmt.Errorf("idem: close journal: %w: it was found damaged or replaced while open; changes accepted since may be lost", ErrJournalCorrupt)
 	}
-	return errors.Join(werr, serr, rerr, s.f.release())
+	return errors.Join(werr, serr, rerr, s.f.Release())
 }

@@ -38,7 +38,7 @@ func (s *BoltStore) list(ctx context.Context, after string, limit int, pendingOn
 		out  []Operation
 		errs []error
 	)
-	err := s.f.view(func(tx *bolt.Tx) error {
+	err := s.f.View(func(tx *bolt.Tx) error {
 		out, errs = nil, nil
 		return walk(tx, after, pendingOnly, func(op Operation, err error) bool {
 			if err != nil {
@@ -66,7 +66,7 @@ func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int)
 	for {
 		var cands []string
 		full := false
-		err := s.f.view(func(tx *bolt.Tx) error {
+		err := s.f.View(func(tx *bolt.Tx) error {
 			cands, full = cands[:0], false
 			return walkPending(tx, after, func(op Operation, err error) bool {
 				if err != nil || !s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)) {

@@ -31,7 +31,7 @@ func (m *MemoryStore) Len() int {
 
 // StillNamed is the check that the journal's path still names its file,
 // made before each commit.
-func (s *BoltStore) StillNamed() error { return s.f.stillNamed() }
+func (s *BoltStore) StillNamed() error { return s.f.StillNamed() }
 
 // OpenBoltStoreBeforeCompact opens a BoltStore that calls hook, with the
 // journal's lock held, when Open has decided to compact it.

@@ -220,7 +220,10 @@ func TrimQuery(u string) string {
 // (Operation.Created and Updated to Reserve, Lease.At to Acquire and Renew,
 // Attempt.At and Outcome.At), and every time it compares is given too
 // (Lease.At, Sweep's cutoff). The Client computes them, from the store's
-// own clock when the store is a Clock.
+// own clock when the store is a Clock. A store shared by processes may
+// judge leases by its own clock instead, and says so on its type (pgstore
+// takes the database's clock as the now of every lease change, and keeps
+// Until − At from then).
 //
 // A store may implement the optional capabilities LastChanger, Inspector,
 // Clock and PolicyStore; each says what the Client does without it.

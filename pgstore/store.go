@@ -68,7 +68,8 @@
 // PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is written
 // without its error text, or, refused again, dropped and logged
 // (WithLogger); it never holds back the marks after it. Error texts are
-// written as valid UTF-8 without NUL bytes, at most 2 KiB.
+// written as given: the journal passes them as valid UTF-8 without NUL
+// bytes, at most 2 KiB (see idem.KeyStore).
 //
 // Failures (ServerStore's are stated on its type): every error from
 // PostgreSQL — unreachable, restarted, terminated connections, a read that

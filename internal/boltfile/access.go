@@ -40,6 +40,12 @@ func (f *File) Broken() bool { return f.broken.Load() }
 // a groupcommit.Options.Recover.
 func (f *File) Corrupt(p any) error {
 	f.broken.Store(true)
+	return f.damaged(p)
+}
+
+// damaged turns the value bbolt panicked with into an error matching
+// Corrupt, without marking the File broken.
+func (f *File) damaged(p any) error {
 	return fmt.Errorf("%w: a page of the %s file is damaged (bbolt: %v)", f.o.Errors.Corrupt, f.o.Kind, p)
 }
 
@@ -141,7 +147,7 @@ func (f *File) Salvage(fn func(*bolt.Tx) error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: a page of the %s file is damaged (bbolt: %v)", f.o.Errors.Corrupt, f.o.Kind, p)
+			err = f.damaged(p)
 		}
 	}()
 	f.readers.RLock()
