@@ -109,6 +109,7 @@ func toRecord(op *Operation) codec.Record {
 		Attempts: int64(op.Attempts), LastStatus: int64(op.LastStatus), LastError: op.LastError,
 		Created: toNanos(op.Created), Updated: toNanos(op.Updated), LeaseUntil: toNanos(op.LeaseUntil),
 		Owner: op.Owner, KeyHeader: op.KeyHeader, Header: op.Header, Body: op.Body,
+		Trace: op.Trace, History: toHistory(op.History),
 	}
 }
 
@@ -120,7 +121,42 @@ func fromRecord(key string, r *codec.Record) Operation {
 		Attempts: int(r.Attempts), LastStatus: int(r.LastStatus), LastError: r.LastError,
 		Created: fromNanos(r.Created), Updated: fromNanos(r.Updated), LeaseUntil: fromNanos(r.LeaseUntil),
 		Owner: r.Owner, KeyHeader: r.KeyHeader, Header: http.Header(r.Header), Body: r.Body,
+		Trace: r.Trace, History: fromHistory(r.History),
 	}
+}
+
+// toHistory and fromHistory convert an operation's history to the codec's
+// and back; an empty one is nil, which the codec writes as version 2.
+func toHistory(h []Attempt) []codec.Attempt {
+	if len(h) == 0 {
+		return nil
+	}
+	out := make([]codec.Attempt, len(h))
+	for i, a := range h {
+		out[i] = codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason}
+	}
+	return out
+}
+
+func fromHistory(h []codec.Attempt) []Attempt {
+	if len(h) == 0 {
+		return nil
+	}
+	out := make([]Attempt, len(h))
+	for i, a := range h {
+		out[i] = Attempt{At: fromNanos(a.At), Sent: int(a.Sent), Status: int(a.Status), Err: a.Err, Reason: a.Reason}
+	}
+	return out
+}
+
+// appendHistory is AppendHistory for a record being rewritten: r's
+// history aliases the transaction's memory, which the rewrite copies.
+func appendHistory(r *codec.Record, a Attempt) {
+	h := r.History
+	if drop := len(h) + 1 - MaxHistory; drop > 0 {
+		h = h[drop:]
+	}
+	r.History = append(h[:len(h):len(h)], codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason})
 }
 
 // codecErr maps a codec error about the record under key to

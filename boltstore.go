@@ -477,6 +477,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 			r.Attempts += int64(a.Sent)
 			r.LastStatus, r.LastError = int64(a.Status), a.Err
 			r.Updated = now
+			appendHistory(r, a)
 			return req, nil
 		})
 		if err != nil {

@@ -58,6 +58,16 @@ type Hooks struct {
 	// Resume may send it again), or its lease. idem also logs each at
 	// Error.
 	JournalError func(JournalErrorInfo)
+	// TraceContext is called when an operation is journaled (reserved),
+	// with the request's context, and returns the W3C traceparent of the
+	// context's span (or ""). The journal keeps it with the operation
+	// (Operation.Trace), and hands it to the hooks of every later attempt
+	// (OperationInfo.Trace), so that a resend, by Resume in another
+	// process included, can link its spans to the original trace. Unlike
+	// the other hooks it is not called for each set of hooks: the first
+	// well-formed traceparent returned wins, and a malformed one is
+	// dropped. The OpenTelemetry adapter (package idemotel) sets it.
+	TraceContext func(ctx context.Context) string
 }
 
 // JournalErrorInfo describes a journal write that failed.
@@ -98,6 +108,10 @@ type OperationInfo struct {
 	// Earlier counts the requests written under the key before this call,
 	// as the journal counted them (0 for a new operation).
 	Earlier int
+	// Trace is the W3C traceparent journaled with the operation when it
+	// was first reserved (Hooks.TraceContext), or "": on a resend, the
+	// trace of the call that first sent it.
+	Trace string
 }
 
 // AttemptInfo describes one attempt.
@@ -292,7 +306,7 @@ func journalFault(err error) bool {
 // info returns the operation's OperationInfo in state.
 func (o *operation) info(state State) OperationInfo {
 	r := &o.rec
-	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts}
+	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts, Trace: r.Trace}
 }
 
 // ErrTransportResent is AttemptInfo.Err for a request that net/http wrote

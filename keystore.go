@@ -100,6 +100,16 @@ type Operation struct {
 	// Header and Body are the replayable request while pending, nil after.
 	Header http.Header
 	Body   []byte
+	// History is the attempts KeyStore.Attempt recorded for the operation,
+	// oldest first, at most MaxHistory of them (the oldest go first): the
+	// attempts that were retried or left it in doubt. A one-attempt
+	// success records none. Finish and Acquire keep it; records written
+	// before it existed read with none.
+	History []Attempt
+	// Trace is the W3C traceparent of the context the operation was
+	// journaled under (Hooks.TraceContext), or "": what a resend links its
+	// spans to. It is not a secret. Acquire and Finish keep it.
+	Trace string
 }
 
 // Lease is a claim on a pending operation: Owner may send it until Until.
@@ -138,6 +148,12 @@ type Attempt struct {
 	Status int
 	// Err is the text of the error when no response came, or "".
 	Err string
+	// Reason is why the attempt did not end the operation, as idem's retry
+	// classifier put it: for example "503", "409 in progress",
+	// "connection closed", "timeout". The journal passes it as valid UTF-8
+	// without control characters, at most MaxReason bytes long, with no URL
+	// query in it.
+	Reason string
 	// At is when the mark is made; the store sets Updated to it.
 	At time.Time
 }
@@ -183,7 +199,9 @@ func TrimQuery(u string) string {
 // owner and lease, key header, the request with its credentials removed).
 // It computes what a finished record keeps (Outcome: the final state, the
 // URL without its query and fragment). It passes error text (Attempt.Err,
-// Outcome.Err) as valid UTF-8 without NUL bytes, at most 2 KiB long. And it
+// Outcome.Err) as valid UTF-8 without NUL bytes, at most 2 KiB long, an
+// attempt's reason (Attempt.Reason) at most MaxReason bytes, and a trace
+// context (Operation.Trace) only as a well-formed traceparent. And it
 // decides every transition: it records attempts and outcomes only for
 // pending operations it holds, passes Finish only final states and never a
 // negative count, and reopens a finished record with the request it
@@ -199,7 +217,9 @@ func TrimQuery(u string) string {
 //   - Renew changes the lease only of a pending record Lease.Owner holds;
 //   - Claim leases only pending records whose lease is free, in the same
 //     step as it selects them;
-//   - Sweep deletes only finished records last updated before the cutoff.
+//   - Sweep deletes only finished records last updated before the cutoff;
+//   - Attempt appends to the record's History and trims it to MaxHistory
+//     in the same change as it counts the attempt.
 //
 // A store may refuse what its format cannot hold, and says so on its type
 // (the bbolt journal refuses a key ending in a NUL byte; PostgreSQL text
@@ -264,9 +284,13 @@ type KeyStore interface {
 	Get(ctx context.Context, key string) (Operation, error)
 
 	// Attempt records requests written under key: it adds a.Sent to
-	// Attempts and sets LastStatus, LastError and Updated (to a.At), and
-	// changes nothing else. The journal calls it only for a pending record
-	// it holds.
+	// Attempts, sets LastStatus, LastError and Updated (to a.At), and
+	// appends a to History, dropping the oldest entries beyond
+	// MaxHistory (AppendHistory), all in one atomic change; it changes
+	// nothing else. The journal calls it only for a pending record it
+	// holds, with a.Err and a.Reason already bounded and cleaned (a store
+	// keeps them as given). Finish, Acquire and Renew keep History as it
+	// is.
 	Attempt(ctx context.Context, key string, a Attempt) error
 
 	// Finish writes the outcome o of the record for key: State becomes

@@ -154,6 +154,7 @@ func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error 
 	return m.update(ctx, key, a.At, func(op *Operation) {
 		op.Attempts += a.Sent
 		op.LastStatus, op.LastError = a.Status, a.Err
+		op.History = AppendHistory(op.History, a) // a new slice: copies share none
 	})
 }
 

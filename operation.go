@@ -47,6 +47,7 @@ type operation struct {
 	unrecorded int         // of those, not yet recorded with Attempt
 	mayHave    bool        // a request of this call may have reached the server
 	status     int         // status of the last response, or 0
+	reason     string      // the classifier's reason for the last attempt
 	once       sync.Once
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
@@ -158,6 +159,9 @@ var errMatchSettled = errors.New("idem: the matched call's caller received a def
 func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, matched bool) (<-chan struct{}, error) {
 	j, mk := o.j, o.match
 	j.stamp(op)
+	if o.hooks.any() && op.Trace == "" {
+		op.Trace = o.hooks.traceOf(ctx)
+	}
 	if err := checkReserve(op); err != nil {
 		return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
 	}
@@ -299,6 +303,7 @@ func (o *operation) tried(ctx context.Context, tr try) try {
 	o.written += tr.writes
 	o.unrecorded += tr.writes
 	o.mayHave = o.mayHave || tr.sent && tr.writes > 0
+	o.reason = tr.reason
 	if o.hooks.any() {
 		o.attemptsDone(ctx, tr.writes, tr.began, tr.resp, tr.err, tr.reason)
 	}
@@ -312,7 +317,7 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 	if tr.resp == nil {
 		errText = tr.err.Error()
 	}
-	o.recordAttempt(statusOf(tr.resp), errText)
+	o.recordAttempt(statusOf(tr.resp), errText, tr.reason)
 	if o.hooks.any() {
 		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 			Delay: wait, Reason: tr.reason, Source: source})
@@ -320,13 +325,14 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 }
 
 // recordAttempt records the attempts not yet recorded, with the last
-// outcome; the operation stays pending.
-func (o *operation) recordAttempt(status int, errText string) {
+// outcome and why it did not end the operation; the operation stays
+// pending.
+func (o *operation) recordAttempt(status int, errText, reason string) {
 	o.status = status
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), At: o.j.now()}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now()}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
@@ -387,7 +393,11 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		if cause != nil {
 			text = cause.Error()
 		}
-		o.recordAttempt(status, text)
+		reason := o.reason
+		if status >= 200 && status < 300 && cause != nil { // the answer's body was lost
+			_, reason, _ = classifyError(cause)
+		}
+		o.recordAttempt(status, text, reason)
 		now := o.j.now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)

@@ -208,6 +208,68 @@ func dropsTheKeyHeader(*testing.T) idem.KeyStore {
 	return b
 }
 
+// historyUnbounded keeps every attempt of an operation in its history,
+// never dropping the oldest.
+func historyUnbounded(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	var mu sync.Mutex
+	all := map[string][]idem.Attempt{}
+	b.attempt = func(ctx context.Context, key string, a idem.Attempt) error {
+		err := b.MemoryStore.Attempt(ctx, key, a)
+		if err == nil {
+			mu.Lock()
+			all[key] = append(all[key], a)
+			mu.Unlock()
+		}
+		return err
+	}
+	b.get = func(ctx context.Context, key string) (idem.Operation, error) {
+		op, err := b.MemoryStore.Get(ctx, key)
+		mu.Lock()
+		defer mu.Unlock()
+		if h, ok := all[key]; ok && err == nil {
+			op.History = h
+		}
+		return op, err
+	}
+	return b
+}
+
+// historyDroppedByFinish forgets an operation's history when it finishes.
+func historyDroppedByFinish(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.get = func(ctx context.Context, key string) (idem.Operation, error) {
+		op, err := b.MemoryStore.Get(ctx, key)
+		if op.State.Finished() {
+			op.History = nil
+		}
+		return op, err
+	}
+	return b
+}
+
+// historyNotKept records attempts without their history, as a store
+// written before it existed would.
+func historyNotKept(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.get = func(ctx context.Context, key string) (idem.Operation, error) {
+		op, err := b.MemoryStore.Get(ctx, key)
+		op.History = nil
+		return op, err
+	}
+	return b
+}
+
+// dropsTheTrace forgets each operation's trace context.
+func dropsTheTrace(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.reserve = func(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
+		op.Trace = ""
+		return b.MemoryStore.Reserve(ctx, op)
+	}
+	return b
+}
+
 // finishRedactsItself keeps the URL it derives from the record, as
 // pgstore once did (dropping only a query), instead of the one the journal
 // passes.
@@ -268,6 +330,10 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		{"Acquire keeps the old request", Config{Open: acquireKeepsOldRequest}, "Acquire reopens a finished record with the request it is given"},
 		{"Acquire keeps the finished URL", Config{Open: acquireKeepsFinishedURL}, "Acquire reopens a finished record with the request it is given"},
 		{"Finish redacts the URL itself", Config{Open: finishRedactsItself}, "Finish records the outcome and drops the request"},
+		{"the history is unbounded", Config{Open: historyUnbounded}, "Attempt keeps a bounded history, oldest dropped first"},
+		{"Finish drops the history", Config{Open: historyDroppedByFinish}, "the history and the trace are kept by Finish and Acquire"},
+		{"no history kept", Config{Open: historyNotKept}, "Attempt counts requests and keeps the operation pending"},
+		{"drops the trace", Config{Open: dropsTheTrace}, "the history and the trace are kept by Finish and Acquire"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := runRecorded(t, tc.config)

@@ -170,15 +170,17 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Err: "connection reset", At: base.Add(time.Second)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 2, Status: 503, At: base.Add(2 * time.Second)}); err != nil {
-			t.Fatal(err)
+		a1 := idem.Attempt{Sent: 1, Err: "connection reset", Reason: "network error", At: base.Add(time.Second)}
+		a2 := idem.Attempt{Sent: 2, Status: 503, Reason: "503", At: base.Add(2 * time.Second)}
+		for _, a := range []idem.Attempt{a1, a2} {
+			if err := h.s.Attempt(ctx, "k1", a); err != nil {
+				t.Fatal(err)
+			}
 		}
 		want := op
 		want.Attempts, want.LastStatus = 3, 503
 		want.Updated = base.Add(2 * time.Second)
+		want.History = []idem.Attempt{a1, a2}
 		same(t, "after two Attempts", h.get(t, "k1"), want)
 		if err := h.s.Attempt(ctx, "nope", idem.Attempt{Sent: 1}); !errors.Is(err, idem.ErrNotFound) {
 			t.Errorf("Attempt(unknown) = %v, want ErrNotFound", err)
@@ -190,7 +192,8 @@ var tests = []struct {
 		op.Name = "pay:1"
 		op.URL += "#receipt"
 		h.reserve(t, op)
-		if err := h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Status: 503, At: base.Add(time.Second)}); err != nil {
+		a := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
+		if err := h.s.Attempt(ctx, "k1", a); err != nil {
 			t.Fatal(err)
 		}
 		// The journal computes the URL a finished record keeps; the store
@@ -204,6 +207,7 @@ var tests = []struct {
 		want.Updated = base.Add(2 * time.Second)
 		want.Header, want.Body = nil, nil
 		want.URL = finished
+		want.History = []idem.Attempt{a} // kept by Finish
 		want.LeaseUntil = got.LeaseUntil // checked below
 		same(t, "finished", got, want)
 		if got.LeaseUntil.After(base.Add(2 * time.Second)) {
@@ -521,6 +525,78 @@ var tests = []struct {
 		ops, err = in.Walk(ctx, "a", 1)
 		wantKeys(t, "Walk after a, limit 1", ops, err, "b")
 	}},
+	{"Attempt keeps a bounded history, oldest dropped first", func(t T, h *harness) {
+		ctx := t.Context()
+		op := NewOperation("k1")
+		h.reserve(t, op)
+		var all []idem.Attempt
+		for i := range idem.MaxHistory + 3 {
+			a := idem.Attempt{Sent: 1, Status: 500 + i%5, Reason: fmt.Sprintf("reason %d", i), At: base.Add(time.Duration(i+1) * time.Second)}
+			if i%2 == 1 {
+				a.Status, a.Err = 0, fmt.Sprintf("connection reset %d", i)
+			}
+			if err := h.s.Attempt(ctx, "k1", a); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, a)
+			if i == 2 {
+				if got := h.get(t, "k1").History; historyString(got) != historyString(all) {
+					t.Fatalf("History after 3 attempts = %s, want %s", historyString(got), historyString(all))
+				}
+			}
+		}
+		want := op
+		want.Attempts = len(all)
+		want.LastStatus, want.LastError = all[len(all)-1].Status, all[len(all)-1].Err
+		want.Updated = all[len(all)-1].At
+		want.History = all[len(all)-idem.MaxHistory:] // the oldest three are gone
+		same(t, "after MaxHistory+3 attempts", h.get(t, "k1"), want)
+	}},
+	{"the history and the trace are kept by Finish and Acquire", func(t T, h *harness) {
+		ctx := t.Context()
+		op := NewOperation("k1")
+		op.Trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		same(t, "Reserve with a trace", h.reserve(t, op), op)
+		a := idem.Attempt{Sent: 1, Err: "EOF", Reason: "connection closed", At: base.Add(time.Second)}
+		if err := h.s.Attempt(ctx, "k1", a); err != nil {
+			t.Fatal(err)
+		}
+		h.finish(t, "k1", idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, URL: idem.TrimQuery(op.URL), At: base.Add(2 * time.Second)})
+		got := h.get(t, "k1")
+		if got.Trace != op.Trace || historyString(got.History) != historyString([]idem.Attempt{a}) {
+			t.Fatalf("after Finish: Trace %q History %s, want %q %s", got.Trace, historyString(got.History), op.Trace, historyString([]idem.Attempt{a}))
+		}
+		l := lease("owner-b", base.Add(time.Minute), time.Minute)
+		got, err := h.s.Acquire(ctx, "k1", l, idem.Request{URL: op.URL, Header: op.Header, Body: op.Body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := op
+		want.Attempts, want.LastStatus, want.LastError = 2, 500, ""
+		want.Owner, want.LeaseUntil, want.Updated = "owner-b", l.Until, l.At
+		want.History = []idem.Attempt{a}
+		same(t, "Acquire", got, want)
+		same(t, "Get after Acquire", h.get(t, "k1"), want)
+		b := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(2 * time.Minute)}
+		if err := h.s.Attempt(ctx, "k1", b); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.get(t, "k1"); historyString(got.History) != historyString([]idem.Attempt{a, b}) {
+			t.Fatalf("an attempt after the reopening: History %s, want %s", historyString(got.History), historyString([]idem.Attempt{a, b}))
+		}
+		if err := h.s.Renew(ctx, "k1", lease("owner-b", base.Add(3*time.Minute), time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.get(t, "k1"); got.Trace != op.Trace || len(got.History) != 2 {
+			t.Fatalf("after Renew: Trace %q History %s", got.Trace, historyString(got.History))
+		}
+		plain := NewOperation("k2")
+		same(t, "a record without a trace or history", h.reserve(t, plain), plain)
+		ops, err := h.s.Pending(ctx, "", 0)
+		if err != nil || len(ops) != 2 || ops[0].Trace != op.Trace || len(ops[0].History) != 2 {
+			t.Fatalf("Pending: %d records, err %v; want k1 with its trace and history", len(ops), err)
+		}
+	}},
 	{"every key the journal passes is kept", func(t T, h *harness) {
 		// The journal validates keys (idem.CheckKey); a store keeps any
 		// of them, in key order.
@@ -578,7 +654,8 @@ var tests = []struct {
 		for _, op := range []idem.Operation{a, b, c} {
 			h.reserve(t, op)
 		}
-		if err := h.s.Attempt(ctx, "a", idem.Attempt{Sent: 1, Status: 503, At: base.Add(time.Second)}); err != nil {
+		attempt := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
+		if err := h.s.Attempt(ctx, "a", attempt); err != nil {
 			t.Fatal(err)
 		}
 		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
@@ -589,6 +666,7 @@ var tests = []struct {
 		wantA := a
 		wantA.Attempts, wantA.LastStatus = 1, 503
 		wantA.Updated = base.Add(time.Second)
+		wantA.History = []idem.Attempt{attempt}
 		same(t, "a after reopening", h.get(t, "a"), wantA)
 		if got := h.get(t, "b"); got.State != idem.StateSucceeded || got.LastStatus != 201 || got.Body != nil {
 			t.Fatalf("b after reopening: state %v status %d body %q", got.State, got.LastStatus, got.Body)

@@ -122,9 +122,25 @@ func same(t T, what string, got, want idem.Operation) {
 	check("Unreplayable", got.Unreplayable == want.Unreplayable, got.Unreplayable, want.Unreplayable)
 	check("Body", bytes.Equal(got.Body, want.Body), string(got.Body), string(want.Body))
 	check("Header", headerString(got.Header) == headerString(want.Header), got.Header, want.Header)
+	check("Trace", got.Trace == want.Trace, got.Trace, want.Trace)
+	check("History", historyString(got.History) == historyString(want.History), historyString(got.History), historyString(want.History))
 	if len(diffs) > 0 {
 		t.Fatalf("%s: record differs:\n\t%s", what, strings.Join(diffs, "\n\t"))
 	}
+}
+
+// historyString shows a history, times by instant.
+func historyString(h []idem.Attempt) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, a := range h {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "{%d sent=%d status=%d err=%q reason=%q}", a.At.UnixNano(), a.Sent, a.Status, a.Err, a.Reason)
+	}
+	b.WriteString("]")
+	return b.String()
 }
 
 func headerString(h http.Header) string {

@@ -1,9 +1,9 @@
 // Package codec encodes and decodes idem's journal records.
 //
 // A record is the value stored under an operation's key; the key itself is
-// not repeated in it. Version 2, the only one this package reads, is:
+// not repeated in it. Version 2 is:
 //
-//	version   1 byte (2)
+//	version   1 byte (2, or 3 with the extension below)
 //	state     1 byte
 //	flags     1 byte (bits 6 and 7 are the codec's own: a key header
 //	          follows the owner; a lease time follows)
@@ -15,10 +15,21 @@
 //	fingerprint 32 bytes
 //	name, method, URL, host, last error, owner: uvarint length + bytes each
 //	key header uvarint length + bytes (only with flag bit 6)
+//	--- the extension, only in version 3 ---
+//	trace     uvarint length + bytes
+//	history   uvarint count, then per attempt: at (varint, nanoseconds
+//	          after created), sent, status (uvarints), error and reason
+//	          (uvarint length + bytes each)
 //	--- the request section, empty in a finished record ---
 //	header count uvarint, then per header: name, value count, values
 //	body      the remaining bytes
 //	crc       4 bytes, CRC-32C (Castagnoli) of everything before, little endian
+//
+// Version 3 is version 2 with the extension: a record with neither a
+// trace nor a history is written as version 2, byte for byte as before
+// the extension existed, and records of version 2 read with neither. A
+// reader that knows only version 2 reports a version 3 record as written
+// by a newer version, never as damaged.
 //
 // Every version, this one and any later one, ends in that checksum: a
 // record whose version byte is unknown but whose checksum holds was
@@ -44,8 +55,13 @@ import (
 	"unsafe"
 )
 
-// Version is the record version Append writes.
-const Version byte = 2
+// Version is the record version Append writes for a record without a
+// trace or history; VersionExt the one it writes for a record with
+// either. Both are read.
+const (
+	Version    byte = 2
+	VersionExt byte = 3
+)
 
 var (
 	// ErrVersion is returned by Decode when the record's version byte is not
@@ -75,9 +91,22 @@ type Record struct {
 	// is written only when set, so a record without it encodes as records
 	// written before it existed.
 	KeyHeader string
-	Header    map[string][]string
-	Body      []byte
+	// Trace and History are the extension of version 3: the operation's
+	// W3C traceparent and its recorded attempts, oldest first.
+	Trace   string
+	History []Attempt
+	Header  map[string][]string
+	Body    []byte
 }
+
+// Attempt is one entry of a record's history. At is Unix nanoseconds.
+type Attempt struct {
+	At, Sent, Status int64
+	Err, Reason      string
+}
+
+// ext reports whether r needs the extension (version 3).
+func (r *Record) ext() bool { return r.Trace != "" || len(r.History) > 0 }
 
 const (
 	flagLease     = 1 << 7 // a lease time follows; codec-internal
@@ -104,6 +133,12 @@ func HeadSize(r *Record) int {
 	n := 3 + 5*binary.MaxVarintLen64 + 32 + crcSize
 	for _, s := range [...]string{r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner, r.KeyHeader} {
 		n += binary.MaxVarintLen64 + len(s)
+	}
+	if r.ext() {
+		n += 2*binary.MaxVarintLen64 + len(r.Trace)
+		for _, a := range r.History {
+			n += 5*binary.MaxVarintLen64 + len(a.Err) + len(a.Reason)
+		}
 	}
 	return n
 }
@@ -158,7 +193,11 @@ func appendHead(dst []byte, r *Record) []byte {
 	if r.KeyHeader != "" {
 		flags |= flagKeyHeader
 	}
-	dst = append(dst, Version, r.State, flags)
+	version := Version
+	if r.ext() {
+		version = VersionExt
+	}
+	dst = append(dst, version, r.State, flags)
 	dst = binary.AppendVarint(dst, r.Created)
 	dst = binary.AppendVarint(dst, r.Updated-r.Created)
 	if r.LeaseUntil != 0 {
@@ -175,6 +214,17 @@ func appendHead(dst []byte, r *Record) []byte {
 	dst = appendString(dst, r.Owner)
 	if r.KeyHeader != "" {
 		dst = appendString(dst, r.KeyHeader)
+	}
+	if version == VersionExt {
+		dst = appendString(dst, r.Trace)
+		dst = binary.AppendUvarint(dst, uint64(len(r.History)))
+		for _, a := range r.History {
+			dst = binary.AppendVarint(dst, a.At-r.Created)
+			dst = binary.AppendUvarint(dst, uint64(a.Sent))
+			dst = binary.AppendUvarint(dst, uint64(a.Status))
+			dst = appendString(dst, a.Err)
+			dst = appendString(dst, a.Reason)
+		}
 	}
 	return dst
 }
@@ -217,13 +267,13 @@ func Check(b []byte) (state uint8, err error) {
 	}
 	n := len(b) - crcSize
 	sumOK := n > 0 && crc32.Checksum(b[:n], table) == binary.LittleEndian.Uint32(b[n:])
-	if b[0] != Version {
+	if b[0] != Version && b[0] != VersionExt {
 		if !sumOK {
 			// Every version ends in this checksum: a record that fails it
 			// is damaged, whatever its first byte says.
 			return 0, fmt.Errorf("%w: checksum mismatch (and version byte %d)", ErrCorrupt, b[0])
 		}
-		return 0, fmt.Errorf("%w %d (this version reads %d)", ErrVersion, b[0], Version)
+		return 0, fmt.Errorf("%w %d (this version reads %d and %d)", ErrVersion, b[0], Version, VersionExt)
 	}
 	if len(b) < minSize {
 		return 0, fmt.Errorf("%w: %d bytes is too short", ErrCorrupt, len(b))
@@ -304,6 +354,25 @@ func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 		spans[i] = [2]int{d.off - start, d.off - start + int(n)}
 		d.off += int(n)
 	}
+	// The extension's strings are sliced from the same copy: find its
+	// end first.
+	extStart, nhist := d.off, uint64(0)
+	if d.err == nil && b[0] == VersionExt {
+		d.skipString()
+		nhist = d.uvarint()
+		// Each entry takes at least five bytes, which bounds the count by
+		// the input before anything is allocated.
+		if d.err == nil && nhist > uint64(len(b)-d.off)/5 {
+			d.fail("history count")
+		}
+		for i := uint64(0); i < nhist && d.err == nil; i++ {
+			d.varint()
+			d.uvarint()
+			d.uvarint()
+			d.skipString()
+			d.skipString()
+		}
+	}
 	if d.err != nil {
 		return nil, d.err
 	}
@@ -318,6 +387,21 @@ func decodeHead(b []byte, r *Record, alias bool) (req []byte, err error) {
 	str := func(i int) string { return s[spans[i][0]:spans[i][1]] }
 	r.Name, r.Method, r.URL, r.Host, r.LastError, r.Owner = str(0), str(1), str(2), str(3), str(4), str(5)
 	r.KeyHeader = str(6) // empty without flag bit 6
+	r.Trace, r.History = "", nil
+	if b[0] == VersionExt {
+		ed := decoder{b: b[:d.off], off: extStart, s: s, base: start}
+		r.Trace = ed.str()
+		ed.uvarint()
+		if nhist > 0 {
+			r.History = make([]Attempt, nhist)
+			for i := range r.History {
+				a := &r.History[i]
+				a.At = r.Created + ed.varint()
+				a.Sent, a.Status = int64(ed.uvarint()), int64(ed.uvarint())
+				a.Err, a.Reason = ed.str(), ed.str()
+			}
+		}
+	}
 	r.Header, r.Body = nil, nil
 	if d.off >= len(b) {
 		d.fail("request section")

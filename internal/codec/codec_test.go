@@ -3,6 +3,7 @@ package codec_test
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"hash/crc32"
 	"reflect"
@@ -43,7 +44,9 @@ func seal(b []byte) []byte {
 		b = []byte{0}
 	}
 	b = bytes.Clone(b)
-	b[0] = codec.Version
+	if b[0] != codec.VersionExt {
+		b[0] = codec.Version
+	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
 }
 
@@ -56,6 +59,8 @@ func TestRoundTrip(t *testing.T) {
 		{"full", sample()},
 		{"finished", finished()},
 		{"negative times", codec.Record{Created: -5, Updated: -1 << 62, LeaseUntil: 1 << 62}},
+		{"with history", withHistory()},
+		{"with a trace only", codec.Record{Trace: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := codec.Encode(&tc.rec)
@@ -76,7 +81,7 @@ func TestRoundTrip(t *testing.T) {
 func TestDecodeUnknownVersion(t *testing.T) {
 	rec := sample()
 	b := codec.Encode(&rec)
-	for _, v := range []byte{0, 1, 3, 0xff} {
+	for _, v := range []byte{0, 1, 4, 0xff} {
 		// A newer version: another first byte, and its own checksum.
 		newer := bytes.Clone(b[:len(b)-4])
 		newer[0] = v
@@ -189,6 +194,8 @@ func FuzzRoundTrip(f *testing.F) {
 	s := sample()
 	f.Add("k", s.Name, s.URL, s.LastError, uint8(1), int64(3), int64(503), int64(1), int64(-1), "X-A", "v", []byte(nil))
 	f.Add("", "", "", "", uint8(0), int64(0), int64(0), int64(0), int64(0), "", "", codec.Encode(&s))
+	h := withHistory()
+	f.Add("", "", "", "", uint8(0), int64(0), int64(0), int64(0), int64(0), "", "", codec.Encode(&h)[:len(codec.Encode(&h))-4])
 	f.Add("k", "n", "u", "e", uint8(9), int64(-1), int64(1<<40), int64(-1<<62), int64(1<<62), "h", "", []byte{1, 0, 0})
 	f.Fuzz(func(t *testing.T, key, name, url, lastErr string, state uint8, attempts, status, created, updated int64, hk, hv string, raw []byte) {
 		rec := codec.Record{
@@ -291,5 +298,96 @@ func TestPolicyRoundTrip(t *testing.T) {
 	}
 	if err := codec.DecodePolicy(b[:3], &got); !errors.Is(err, codec.ErrCorrupt) {
 		t.Fatalf("truncated: %v", err)
+	}
+}
+
+// withHistory is a pending record with a key header, a trace and three
+// recorded attempts.
+func withHistory() codec.Record {
+	r := sample()
+	r.KeyHeader = "Idem-Key"
+	r.Trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	r.History = []codec.Attempt{
+		{At: r.Created + 1e9, Sent: 1, Status: 503, Reason: "503"},
+		{At: r.Created + 2e9, Sent: 2, Err: "read tcp: connection reset by peer", Reason: "network error"},
+		{At: r.Created - 7, Sent: 1, Status: 409, Reason: "409 in progress"},
+	}
+	return r
+}
+
+// Records without a trace or a history encode as version 2 did, byte for
+// byte (these were encoded by the codec before the extension existed),
+// and read with neither.
+func TestVersion2RecordsUnchanged(t *testing.T) {
+	pending := sample()
+	pending.KeyHeader = "Idem-Key"
+	for _, tc := range []struct {
+		name string
+		rec  codec.Record
+		gold string
+	}{
+		{"pending", pending, "0201c38280d0e2c6bfce972f8b80d0e2c6bfce972ffeffaf9db9c0b1e85003f70301020300000000000000000000000000000000000000000000000000000000ff0c7061793a6f726465722d343204504f53542268747470733a2f2f6170692e6578616d706c652e636f6d2f76312f636861726765730c7061792e696e7465726e616c10636f6e6e656374696f6e2072657365740b686f73742d312f31323334084964656d2d4b6579030c436f6e74656e742d5479706501106170706c69636174696f6e2f6a736f6e07582d456d7074790007582d4d756c74690301610001637b22616d6f756e74223a343230307d3156c14c"},
+		{"finished", finished(), "0202018280d0e2c6bfce972f80bbb02103f70301020300000000000000000000000000000000000000000000000000000000ff0c7061793a6f726465722d343204504f53542268747470733a2f2f6170692e6578616d706c652e636f6d2f76312f636861726765730c7061792e696e7465726e616c00106964656d2d686f73742d312d3432343200315a5718"},
+	} {
+		gold, err := hex.DecodeString(tc.gold)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := codec.Encode(&tc.rec); !bytes.Equal(got, gold) {
+			t.Errorf("%s: encoding changed:\n got %x\nwant %x", tc.name, got, gold)
+		}
+		var got codec.Record
+		if err := codec.Decode(gold, &got); err != nil || got.Trace != "" || got.History != nil || !reflect.DeepEqual(got, tc.rec) {
+			t.Errorf("%s: old record read as %+v, %v", tc.name, got, err)
+		}
+	}
+	h := withHistory()
+	if b := codec.Encode(&h); b[0] != codec.VersionExt {
+		t.Errorf("a record with a history is version %d, want %d", b[0], codec.VersionExt)
+	}
+}
+
+// A mark rewrites a record from its aliased head and raw request section
+// (DecodeHeadAlias, AppendWithRequest): its history and trace survive,
+// and the request section stays where it was.
+func TestHistoryThroughHeadRewrite(t *testing.T) {
+	rec := withHistory()
+	b := codec.Encode(&rec)
+	var r codec.Record
+	req, err := codec.DecodeHeadAlias(b, &r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.History = append(r.History, codec.Attempt{At: r.Created + 3e9, Sent: 1, Status: 502, Reason: "502"})
+	out := codec.AppendWithRequest(make([]byte, 0, codec.HeadSize(&r)+len(req)), &r, req)
+	var got codec.Record
+	if err := codec.Decode(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := withHistory()
+	want.History = append(want.History, codec.Attempt{At: want.Created + 3e9, Sent: 1, Status: 502, Reason: "502"})
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+	if len(out) > cap(make([]byte, 0, codec.HeadSize(&r)+len(req))) {
+		t.Errorf("HeadSize too small: %d bytes written", len(out))
+	}
+}
+
+// A history count beyond what the input can hold is refused before
+// anything is allocated, and every truncation of a version 3 record is
+// an error, never a panic.
+func TestHistoryDamage(t *testing.T) {
+	rec := withHistory()
+	rec.Header, rec.Body = nil, nil
+	b := codec.Encode(&rec)
+	for n := range len(b) - 4 {
+		c := bytes.Clone(b[:n])
+		if len(c) > 0 {
+			c = binary.LittleEndian.AppendUint32(c, crc32.Checksum(c, crc32.MakeTable(crc32.Castagnoli)))
+		}
+		if err := codec.Decode(c, new(codec.Record)); err == nil {
+			t.Fatalf("truncated to %d bytes: no error", n)
+		}
 	}
 }
