@@ -145,13 +145,15 @@ type row struct {
 	redacted, unreplayable                   bool
 	incarnation                              string
 	reserveID                                int64
-	keyHeader                                string
+	keyHeader, trace                         string
+	history                                  []byte
 }
 
 func (r *row) dest() []any {
 	return []any{&r.key, &r.name, &r.version, &r.method, &r.url, &r.host, &r.fingerprint, &r.state,
 		&r.attempts, &r.lastStatus, &r.lastError, &r.created, &r.updated, &r.owner,
-		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID, &r.keyHeader}
+		&r.leaseUntil, &r.redacted, &r.unreplayable, &r.header, &r.body, &r.incarnation, &r.reserveID, &r.keyHeader,
+		&r.trace, &r.history}
 }
 
 // operation checks the row and returns it as an Operation. A row it cannot
@@ -177,7 +179,7 @@ func (r *row) operation() (idem.Operation, error) {
 		Attempts: int(r.attempts), LastStatus: int(r.lastStatus), LastError: r.lastError,
 		Created: fromNanos(r.created), Updated: fromNanos(r.updated),
 		Owner: r.owner, LeaseUntil: fromNanos(r.leaseUntil),
-		Redacted: r.redacted, Unreplayable: r.unreplayable, Body: r.body,
+		Redacted: r.redacted, Unreplayable: r.unreplayable, Body: r.body, Trace: r.trace,
 	}
 	if r.name != nil {
 		op.Name = *r.name
@@ -186,8 +188,11 @@ func (r *row) operation() (idem.Operation, error) {
 		return idem.Operation{}, corrupt(fmt.Sprintf("fingerprint of %d bytes", len(r.fingerprint)))
 	}
 	copy(op.Fingerprint[:], r.fingerprint)
+	var err error
+	if op.History, err = decodeHistory(r.history); err != nil {
+		return idem.Operation{}, corrupt("history")
+	}
 	if r.header != nil {
-		var err error
 		if op.Header, err = decodeHeader(r.header); err != nil || op.Header == nil {
 			return idem.Operation{}, corrupt("header")
 		}
@@ -210,6 +215,10 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	if err != nil {
 		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
 	}
+	history, err := encodeHistory(op.History)
+	if err != nil {
+		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: history: %w", op.Key, err)
+	}
 	id := s.reserveIDs.Add(1)
 	if s.skew != 0 {
 		op.Created, op.Updated = op.Created.Add(s.skew), op.Updated.Add(s.skew)
@@ -219,7 +228,8 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 	}
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
-		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader}
+		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader,
+		op.Trace, history}
 	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
 		return s.reserveOne(ctx, op, id, args, res.doubt)
@@ -323,8 +333,12 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
+	entry, err := encodeEntry(a)
+	if err != nil {
+		return fmt.Errorf("pgstore: attempt %s: history: %w", key, err)
+	}
 	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
-		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At)}})
+		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At), string(entry)}})
 }
 
 // Finish implements idem.KeyStore, with Attempt's durability: when it

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgo/idem"
 )
 
 // columns are an operation row's columns in the order scanRow reads them.
@@ -12,6 +14,7 @@ var columns = []string{
 	"key", "name", "version", "method", "url", "host", "fingerprint", "state",
 	"attempts", "last_status", "last_error", "created", "updated", "owner",
 	"lease_until", "redacted", "unreplayable", "header", "body", "incarnation", "reserve_id", "key_header",
+	"trace", "history",
 }
 
 // queries holds the store's SQL with its schema's table name filled in.
@@ -67,7 +70,7 @@ func newQueries(schema string, dbClock bool) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{maxHistory}", strconv.Itoa(idem.MaxHistory), "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or
@@ -111,8 +114,13 @@ func newQueries(schema string, dbClock bool) queries {
 
 		get: r.Replace(`SELECT {cols} FROM {ops} WHERE key = $1`),
 
-		// Attempt: $2 sent, $3 status, $4 error, $5 updated.
-		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + $2, last_status = $3, last_error = $4, updated = $5
+		// Attempt: $2 sent, $3 status, $4 error, $5 updated, $6 the
+		// attempt as a history entry (JSON), which the statement appends
+		// to the history, keeping the newest {maxHistory}.
+		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + $2, last_status = $3, last_error = $4, updated = $5,
+			history = (SELECT jsonb_agg(e ORDER BY i) FROM (
+				SELECT e, i FROM jsonb_array_elements(coalesce(history, '[]'::jsonb) || jsonb_build_array($6::jsonb)) WITH ORDINALITY AS h(e, i)
+				ORDER BY i DESC LIMIT {maxHistory}) AS kept)
 		WHERE key = $1 AND (SELECT true FROM async)`),
 
 		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated, $7
