@@ -46,6 +46,34 @@ type opView struct {
 	Header       http.Header `json:"header,omitempty"`
 	Body         *string     `json:"body,omitempty"`
 	BodyBase64   *string     `json:"body_base64,omitempty"`
+	// Trace is the W3C traceparent the operation was journaled under.
+	Trace string `json:"trace,omitempty"`
+	// History is the recorded attempts, oldest first (show only).
+	History []attemptView `json:"history,omitempty"`
+}
+
+// attemptView is one attempt of an operation's history as show prints
+// it: when it was recorded, the requests it wrote, its error (when no
+// response came) or else its status, and why it did not end the
+// operation. Status is the last response's, as in idem.Attempt: with an
+// error, it is an earlier attempt's (or 0).
+type attemptView struct {
+	At     time.Time `json:"at"`
+	Sent   int       `json:"sent"`
+	Status int       `json:"status,omitempty"`
+	Error  string    `json:"error,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+func historyView(h []idem.Attempt) []attemptView {
+	if len(h) == 0 {
+		return nil
+	}
+	out := make([]attemptView, len(h))
+	for i, a := range h {
+		out[i] = attemptView{At: a.At, Sent: a.Sent, Status: a.Status, Error: a.Err, Reason: a.Reason}
+	}
+	return out
 }
 
 func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
@@ -304,6 +332,7 @@ func (c *cli) show(arg string, body bool) (err error) {
 		return err
 	}
 	v := c.view(op, true, body)
+	v.Trace, v.History = op.Trace, historyView(op.History)
 	if c.json {
 		return c.writeJSON(v)
 	}
@@ -337,6 +366,7 @@ func (c *cli) show(arg string, body bool) (err error) {
 		row("lease", fmt.Sprintf("lapsed (last held by %s)", cell(v.Owner)))
 	}
 	row("fingerprint", v.Fingerprint)
+	row("trace", cellIf(v.Trace))
 	row("resend", v.Resend)
 	if !body {
 		names := make([]string, len(v.HeaderNames))
@@ -356,6 +386,9 @@ func (c *cli) show(arg string, body bool) (err error) {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := c.printHistory(v.History); err != nil {
+		return err
+	}
 	switch {
 	case !body:
 	case v.Body != nil:
@@ -366,6 +399,28 @@ func (c *cli) show(arg string, body bool) (err error) {
 		fmt.Fprintln(c.out, "\n(no body journaled: a finished operation keeps none)")
 	}
 	return nil
+}
+
+// printHistory prints an operation's recorded attempts, one line each:
+// when, the requests written, the status or error, and the reason.
+func (c *cli) printHistory(h []attemptView) error {
+	if len(h) == 0 {
+		return nil
+	}
+	fmt.Fprintf(c.out, "\nhistory (attempts that were retried or left it in doubt, oldest first; the newest %d are kept):\n", idem.MaxHistory)
+	tw := c.table()
+	for _, a := range h {
+		outcome := "status " + strconv.Itoa(a.Status)
+		if a.Error != "" { // no response came; Status is an earlier one's
+			outcome = "error " + cellIf(a.Error)
+		}
+		reason := "-"
+		if a.Reason != "" {
+			reason = cellIf(a.Reason)
+		}
+		fmt.Fprintf(tw, "  %s\tsent %d\t%s\treason %s\n", a.At.Format("2006-01-02T15:04:05.000Z07:00"), a.Sent, outcome, reason)
+	}
+	return tw.Flush()
 }
 
 // expire marks a pending operation expired.

@@ -61,8 +61,9 @@ PostgreSQL journal (package pgstore) that an application's replicas share.
 
 Commands:
   ls                 list every operation, pending and finished, one line each
-  show KEY|NAME      show one operation (finished ones too) [--body: with
-                     its journaled request headers and body]
+  show KEY|NAME      show one operation (finished ones too) and the history
+                     of its retried attempts [--body: with its journaled
+                     request headers and body]
   pending            the pending operations in detail: last outcome, lease,
                      whether Resume can send them
   resume             send the pending operations again with their keys, in
