@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -20,8 +21,16 @@ import (
 // WithoutClientSpans was given. Give them to idem.WithHooks; they add to
 // any other hooks the Client has. Give the same hooks to idem.Open (or
 // their JournalCommit to BoltOptions.OnCommit) for the commit histogram.
+//
+// They also journal the trace context of each new operation
+// (idem.Hooks.TraceContext: the W3C traceparent of the request context's
+// span), so that when the operation is sent again later, by Resume in
+// another process or by a re-drive in another trace, its span links to
+// the span it was first sent under (a span link, as OpenTelemetry
+// recommends for work that continues outside its original trace).
 func (in *Instrumentation) Hooks() *idem.Hooks {
 	h := in.metricHooks()
+	h.TraceContext = TraceParent
 	if in.cfg.clientSpans {
 		spans := in.spanHook(context.Background())
 		metrics := h.AttemptDone
@@ -37,7 +46,33 @@ func (in *Instrumentation) Hooks() *idem.Hooks {
 // of ctx, as children of ctx's span, and record no metrics. Give them to
 // idem.WithRequestHooks(ctx, ...).
 func (in *Instrumentation) RequestHooks(ctx context.Context) *idem.Hooks {
-	return &idem.Hooks{AttemptDone: in.spanHook(ctx)}
+	return &idem.Hooks{AttemptDone: in.spanHook(ctx), TraceContext: TraceParent}
+}
+
+// TraceParent returns the W3C traceparent of ctx's span
+// (version-traceid-spanid-flags), or "" if ctx has no valid span: the
+// idem.Hooks.TraceContext that Hooks and RequestHooks set.
+func TraceParent(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ""
+	}
+	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
+}
+
+// originalLink returns the link from a resent request's span to the span
+// its operation was first sent under (a.Trace), or false when there is
+// none to add: not a resend, no journaled trace, or the same trace as
+// the span's own parent.
+func originalLink(ctx context.Context, a idem.AttemptInfo) (trace.Link, bool) {
+	if !a.Resend || a.Trace == "" {
+		return trace.Link{}, false
+	}
+	orig := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": a.Trace}))
+	if !orig.IsValid() || orig.TraceID() == trace.SpanContextFromContext(ctx).TraceID() {
+		return trace.Link{}, false
+	}
+	return trace.Link{SpanContext: orig}, true
 }
 
 func (in *Instrumentation) metricHooks() *idem.Hooks {
@@ -127,10 +162,13 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if a.Context != nil && trace.SpanContextFromContext(a.Context).IsValid() {
 			ctx = a.Context
 		}
-		_, span := in.tracer.Start(ctx, a.Method,
-			trace.WithSpanKind(trace.SpanKindClient),
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithTimestamp(end.Add(-a.Latency)),
-			trace.WithAttributes(attrs...))
+			trace.WithAttributes(attrs...)}
+		if link, ok := originalLink(ctx, a); ok {
+			opts = append(opts, trace.WithLinks(link))
+		}
+		_, span := in.tracer.Start(ctx, a.Method, opts...)
 		if et != "" {
 			desc := ""
 			if a.Err != nil {

@@ -22,6 +22,15 @@
 // context carries none; build the Instrumentation WithoutClientSpans then,
 // so each request has one span.
 //
+// A request sent again after its call ended (by Resume, in this process
+// or another, or by a re-drive in another trace) is not in the trace it
+// was first sent in: its span is a child of the context it is sent under
+// (a root span for a background Resume) with a span link to the span the
+// operation was first journaled under. The hooks journal that span's W3C
+// traceparent with each new operation (idem.Hooks.TraceContext,
+// TraceParent); it is not a secret, and only a resend reads it back
+// (idem.OperationInfo.Trace).
+//
 // # Names
 //
 // Every metric of idem's own is in the idem namespace (the Metric
