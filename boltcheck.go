@@ -47,7 +47,7 @@ func (f *boltFile) check() error {
 			if isBodyKey(k) {
 				continue
 			}
-			if len(v) >= 2 && v[0] == codec.Version && State(v[1]).Finished() {
+			if len(v) >= 2 && (v[0] == codec.Version || v[0] == codec.VersionExt) && State(v[1]).Finished() {
 				continue
 			}
 			op, err := loadOp(ops, string(k))

@@ -50,7 +50,8 @@ func (s State) Finished() bool { return s == StateSucceeded || s == StateFailed 
 //
 // While the operation is pending, Header and Body hold the replayable request
 // (credentials removed). Both are dropped when the operation finishes; only
-// the key, name, fingerprint, state and outcome remain until retention ends.
+// the key, name, fingerprint, state, outcome, attempt history and trace
+// context remain until retention ends.
 type Operation struct {
 	// Key is the Idempotency-Key sent with every attempt.
 	Key string
