@@ -328,7 +328,9 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 // this process: it is then written in the background, and a crash of
 // this process before that loses it. The journal passes error text as
 // every store keeps it (valid UTF-8, no NUL, at most 2 KiB); a mark whose
-// text PostgreSQL refuses anyway is written once more without it.
+// text PostgreSQL refuses anyway is written once more without it. The same
+// statement appends the attempt to the row's history (a jsonb array),
+// keeping the newest idem.MaxHistory.
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
