@@ -2,6 +2,7 @@ package idemotel
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"net/url"
 	"strconv"
@@ -57,7 +58,15 @@ func TraceParent(ctx context.Context) string {
 	if !sc.IsValid() {
 		return ""
 	}
-	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
+	var b [55]byte // one allocation: the string
+	tid, sid, flags := sc.TraceID(), sc.SpanID(), sc.TraceFlags()
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	b[52] = '-'
+	hex.Encode(b[53:], []byte{byte(flags)})
+	return string(b[:])
 }
 
 // originalLink returns the link from a resent request's span to the span

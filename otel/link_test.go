@@ -113,3 +113,12 @@ func TestRetriesInOneCallHaveNoLink(t *testing.T) {
 	require.Len(t, ops, 1)
 	assert.Equal(t, idemotel.TraceParent(ctx), ops[0].Trace)
 }
+
+func TestTraceParentAllocatesOnce(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid}))
+	if n := testing.AllocsPerRun(100, func() { _ = idemotel.TraceParent(ctx) }); n > 1 {
+		t.Errorf("TraceParent: %v allocations, want 1", n)
+	}
+}
