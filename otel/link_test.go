@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,9 +22,20 @@ import (
 // TestResumedAttemptLinksTheOriginalTrace journals an operation under a
 // parent span, leaves it in doubt (the provider cuts the connection), and
 // resumes it from a new Client, with new instrumentation, on the same
-// bbolt file: the resumed request's span is a root span of its own trace
-// with a link to the span the operation was first sent under.
+// bbolt file, by an explicit Resume and in the background: the resumed
+// request's span is a root span of its own trace with a link to the span
+// the operation was first sent under.
 func TestResumedAttemptLinksTheOriginalTrace(t *testing.T) {
+	for _, background := range []bool{false, true} {
+		name := "Resume"
+		if background {
+			name = "background resume"
+		}
+		t.Run(name, func(t *testing.T) { testResumeLink(t, background) })
+	}
+}
+
+func testResumeLink(t *testing.T, background bool) {
 	p := newProvider(t)
 	path := filepath.Join(t.TempDir(), "journal.db")
 	base := &http.Transport{DisableKeepAlives: true}
@@ -57,18 +69,33 @@ func TestResumedAttemptLinksTheOriginalTrace(t *testing.T) {
 	// The second process resumes it.
 	p.healed.Store(true)
 	in2, spans2, _ := newTracing()
-	c2, err := idem.Open(path, idem.WithHooks(in2.Hooks()), idem.WithBaseTransport(base))
+	done := make(chan int, 1)
+	deliver := func(op idem.Operation, resp *http.Response, err error) {
+		status := 0
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			status = resp.StatusCode
+		}
+		done <- status
+	}
+	opts := []idem.Option{idem.WithHooks(in2.Hooks()), idem.WithBaseTransport(base)}
+	if background {
+		opts = append(opts, idem.WithBackgroundResume(time.Millisecond, deliver))
+	}
+	c2, err := idem.Open(path, opts...)
 	require.NoError(t, err)
 	defer c2.Close()
-	resumed := 0
-	require.NoError(t, c2.Resume(context.Background(), func(op idem.Operation, resp *http.Response, err error) {
-		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusCreated, resp.StatusCode)
-		resumed++
-	}))
-	require.Equal(t, 1, resumed)
+	if !background {
+		require.NoError(t, c2.Resume(context.Background(), deliver))
+	}
+	select {
+	case status := <-done:
+		require.Equal(t, http.StatusCreated, status)
+	case <-time.After(30 * time.Second): // a guard, not a measurement
+		t.Fatal("the operation was not resumed")
+	}
+	require.NoError(t, c2.Close())
 	got := spans2.Ended()
 	require.Len(t, got, 1)
 	span := got[0]
