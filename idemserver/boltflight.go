@@ -2,6 +2,7 @@ package idemserver
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -12,10 +13,28 @@ import (
 
 // flights are a BoltStore's keys in flight, kept in memory: only one
 // process can open the file, so no other process needs to see them, and a
-// crash that loses them leaves no handler of theirs running.
+// crash that loses them leaves no handler of theirs running. Beside them,
+// under the same lock, is the index of the stored keys.
 type flights struct {
-	mu sync.Mutex
-	m  map[string]*flight
+	mu     sync.Mutex
+	m      map[string]*flight
+	stored map[string]uint64 // id -> expiry of its record (see expiresAt); changed after commits only
+}
+
+// forget takes the records of the keys gone (records bucket keys) out of
+// the index, unless a later record replaced them.
+func (f *flights) forget(gone [][]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, k := range gone {
+		if len(k) < 8 {
+			continue
+		}
+		id := string(k[8:])
+		if exp, ok := f.stored[id]; ok && exp == binary.BigEndian.Uint64(k) {
+			delete(f.stored, id)
+		}
+	}
 }
 
 // flight is one key in flight.
@@ -75,11 +94,17 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		return Claim{State: StateInFlight, LeaseUntil: fl.expires}, nil
 	}
 	// Read under f.mu: a Complete deletes its flight only after its
-	// record committed, so this read sees every record whose flight is
-	// gone.
+	// record committed and entered the index, so this sees every record
+	// whose flight is gone. A key without a live record still opens a
+	// read transaction: it finds a file damaged or gone back before a
+	// handler runs.
+	exp, stored := f.stored[b.ID]
 	var c Claim
 	err := s.read(func(tx *bolt.Tx) error {
-		r, err := get(tx, b.ID)
+		if !stored || exp <= expiresAt(b.Now) {
+			return nil
+		}
+		r, err := get(tx, b.ID, exp)
 		if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
 			return err
 		}
@@ -152,16 +177,20 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if err == nil {
 		fl.completing = true
 	}
+	old, hadOld := f.stored[c.ID] // an expired record not swept yet
 	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	err = s.write(ctx, func(tx *bolt.Tx) error {
-		if err := drop(tx, c.ID); err != nil { // an expired record not swept yet
-			return err
-		}
-		return put(tx, c.ID, &record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
-	})
+	// The record is encoded here, not on the writer's goroutine, which
+	// every commit waits for.
+	exp := expiresAt(c.Until)
+	var oldKey []byte
+	if hadOld {
+		oldKey = recordKey(old, c.ID)
+	}
+	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
+	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -169,5 +198,18 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 		return err
 	}
 	delete(f.m, c.ID)
+	f.stored[c.ID] = exp
 	return nil
+}
+
+// putRecord stores the record v under key, after deleting the one under
+// oldKey unless it is nil.
+func putRecord(tx *bolt.Tx, oldKey, key, v []byte) error {
+	b := tx.Bucket(bucketRecords)
+	if oldKey != nil {
+		if err := b.Delete(oldKey); err != nil {
+			return err
+		}
+	}
+	return b.Put(key, v)
 }
