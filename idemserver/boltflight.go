@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemgo/idem"
 )
 
 // flights are a BoltStore's keys in flight, kept in memory: only one
@@ -17,6 +20,7 @@ import (
 // under the same lock, is the index of the stored keys.
 type flights struct {
 	mu     sync.Mutex
+	tokens atomic.Uint64 // the last token given
 	m      map[string]*flight
 	stored map[string]uint64 // id -> expiry of its record (see expiresAt); changed after commits only
 }
@@ -95,33 +99,34 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	// Read under f.mu: a Complete deletes its flight only after its
 	// record committed and entered the index, so this sees every record
-	// whose flight is gone. A key without a live record still opens a
-	// read transaction: it finds a file damaged or gone back before a
-	// handler runs.
-	exp, stored := f.stored[b.ID]
-	var c Claim
-	err := s.read(func(tx *bolt.Tx) error {
-		if !stored || exp <= expiresAt(b.Now) {
+	// whose flight is gone. A key without a live record needs no read.
+	if exp, ok := f.stored[b.ID]; ok && exp > expiresAt(b.Now) {
+		var c Claim
+		err := s.read(func(tx *bolt.Tx) error {
+			r, err := get(tx, b.ID, exp)
+			if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
+				return err
+			}
+			if r.fingerprint != b.Fingerprint {
+				c = Claim{State: StateMismatch}
+			} else {
+				c = Claim{State: StateDone, Response: r.resp}
+			}
 			return nil
+		})
+		if err != nil || c.State != 0 {
+			return c, err
 		}
-		r, err := get(tx, b.ID, exp)
-		if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
-			return err
-		}
-		if r.fingerprint != b.Fingerprint {
-			c = Claim{State: StateMismatch}
-		} else {
-			c = Claim{State: StateDone, Response: r.resp}
-		}
-		return nil
-	})
-	if err != nil || c.State != 0 {
-		return c, err
+	} else if s.f.Broken() {
+		// Fail closed: the answer could not be stored.
+		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
 	}
 	if f.m == nil {
 		f.m = make(map[string]*flight)
 	}
-	tok := uuid.NewString()
+	// The token need only be unique among this store's flights, which
+	// live in this process.
+	tok := strconv.FormatUint(f.tokens.Add(1), 36)
 	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
@@ -206,6 +211,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 // oldKey unless it is nil.
 func putRecord(tx *bolt.Tx, oldKey, key, v []byte) error {
 	b := tx.Bucket(bucketRecords)
+	b.FillPercent = 1
 	if oldKey != nil {
 		if err := b.Delete(oldKey); err != nil {
 			return err

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // BenchmarkBoltComplete measures the BoltStore alone: Begin and Complete
@@ -65,6 +67,9 @@ func BenchmarkBoltComplete(b *testing.B) {
 			b.ReportMetric(float64(st.Write-st0.Write)/float64(b.N), "pages/req")
 			b.ReportMetric(float64(st.NodeCount-st0.NodeCount)/float64(b.N), "nodes/req")
 			b.ReportMetric(float64(st.Split-st0.Split)/float64(b.N), "splits/req")
+			var size int64
+			s.f.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil })
+			b.ReportMetric(float64(size)/float64(next.Load()), "file-B/key")
 		})
 	}
 }

@@ -69,7 +69,7 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 		ctx, u.tx = ts.Scope(ctx, u.id, u.token)
 	}
 	stopRenew := u.renew(ctx, cancel)
-	rec := &recorder{w: w, max: m.cfg.maxResponse}
+	rec := &recorder{w: w, max: m.cfg.maxResponse, replay: m.cfg.replay}
 	defer func() {
 		if u.done {
 			return
@@ -130,7 +130,7 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	case rec.failed:
 		return &Response{Status: status, NotKept: true}, "stream failed after its first flush"
 	}
-	return &Response{Status: status, Header: pick(rec.sent, u.m.cfg.replay), Body: rec.body.Bytes()}, ""
+	return &Response{Status: status, Header: rec.sent, Body: rec.body.Bytes()}, ""
 }
 
 // storeContext returns a context for a store call made on behalf of r that
