@@ -101,3 +101,24 @@ func TestBoltStoreReadsFormat2(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idemserver.StateDone, c.State)
 }
+
+// TestBoltStoreDamagedRecordKey: a record key too short to hold an
+// expiry can only come from damage; Open refuses the file rather than
+// build an index without that key (whose request would run again).
+func TestBoltStoreDamagedRecordKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s, err := idemserver.OpenBoltStore(path, nil)
+	require.NoError(t, err)
+	completeDone(t, s, "ok")
+	require.NoError(t, s.Close())
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("records")).Put([]byte("short"), []byte("x"))
+	}))
+	require.NoError(t, db.Close())
+
+	_, err = idemserver.OpenBoltStore(path, nil)
+	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	assert.Contains(t, err.Error(), "record key of 5 bytes")
+}
