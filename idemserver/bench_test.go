@@ -26,21 +26,27 @@ import (
 func BenchmarkMiddleware(b *testing.B) {
 	stores := []struct {
 		name string
-		open func(b *testing.B) idemserver.Store
+		open func(b *testing.B, commits *atomic.Int64) idemserver.Store
 	}{
-		{"bolt", func(b *testing.B) idemserver.Store {
-			s, err := idemserver.OpenBoltStore(filepath.Join(b.TempDir(), "keys.db"), nil)
+		{"bolt", func(b *testing.B, commits *atomic.Int64) idemserver.Store {
+			s, err := idemserver.OpenBoltStore(filepath.Join(b.TempDir(), "keys.db"), &idemserver.BoltOptions{
+				OnCommit: func(int, time.Duration, error) { commits.Add(1) },
+			})
 			if err != nil {
 				b.Fatal(err)
 			}
 			return s
 		}},
-		{"memory", func(*testing.B) idemserver.Store { return idemserver.NewMemoryStore() }},
+		{"memory", func(*testing.B, *atomic.Int64) idemserver.Store { return idemserver.NewMemoryStore() }},
 	}
 	for _, st := range stores {
 		for _, inflight := range []int{1, 32} {
 			b.Run(fmt.Sprintf("store=%s/inflight=%d", st.name, inflight), func(b *testing.B) {
-				benchMiddleware(b, st.open(b), inflight)
+				var commits atomic.Int64
+				benchMiddleware(b, st.open(b, &commits), inflight)
+				if n := commits.Load(); n > 0 {
+					b.ReportMetric(float64(b.N)/float64(n), "req/commit")
+				}
 			})
 		}
 	}

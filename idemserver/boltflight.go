@@ -2,20 +2,43 @@ package idemserver
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemgo/idem"
 )
 
 // flights are a BoltStore's keys in flight, kept in memory: only one
 // process can open the file, so no other process needs to see them, and a
-// crash that loses them leaves no handler of theirs running.
+// crash that loses them leaves no handler of theirs running. Beside them,
+// under the same lock, is the index of the stored keys.
 type flights struct {
-	mu sync.Mutex
-	m  map[string]*flight
+	mu     sync.Mutex
+	tokens atomic.Uint64 // the last token given
+	m      map[string]*flight
+	stored map[string]uint64 // id -> expiry of its record (see expiresAt); changed after commits only
+}
+
+// forget takes the records of the keys gone (records bucket keys) out of
+// the index, unless a later record replaced them.
+func (f *flights) forget(gone [][]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, k := range gone {
+		if len(k) < 8 {
+			continue
+		}
+		id := string(k[8:])
+		if exp, ok := f.stored[id]; ok && exp == binary.BigEndian.Uint64(k) {
+			delete(f.stored, id)
+		}
+	}
 }
 
 // flight is one key in flight.
@@ -75,28 +98,35 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		return Claim{State: StateInFlight, LeaseUntil: fl.expires}, nil
 	}
 	// Read under f.mu: a Complete deletes its flight only after its
-	// record committed, so this read sees every record whose flight is
-	// gone.
-	var c Claim
-	err := s.read(func(tx *bolt.Tx) error {
-		r, err := get(tx, b.ID)
-		if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
-			return err
+	// record committed and entered the index, so this sees every record
+	// whose flight is gone. A key without a live record needs no read.
+	if exp, ok := f.stored[b.ID]; ok && exp > expiresAt(b.Now) {
+		var c Claim
+		err := s.read(func(tx *bolt.Tx) error {
+			r, err := get(tx, b.ID, exp)
+			if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
+				return err
+			}
+			if r.fingerprint != b.Fingerprint {
+				c = Claim{State: StateMismatch}
+			} else {
+				c = Claim{State: StateDone, Response: r.resp}
+			}
+			return nil
+		})
+		if err != nil || c.State != 0 {
+			return c, err
 		}
-		if r.fingerprint != b.Fingerprint {
-			c = Claim{State: StateMismatch}
-		} else {
-			c = Claim{State: StateDone, Response: r.resp}
-		}
-		return nil
-	})
-	if err != nil || c.State != 0 {
-		return c, err
+	} else if s.f.Broken() {
+		// Fail closed: the answer could not be stored.
+		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
 	}
 	if f.m == nil {
 		f.m = make(map[string]*flight)
 	}
-	tok := uuid.NewString()
+	// The token need only be unique among this store's flights, which
+	// live in this process.
+	tok := strconv.FormatUint(f.tokens.Add(1), 36)
 	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
@@ -152,16 +182,20 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if err == nil {
 		fl.completing = true
 	}
+	old, hadOld := f.stored[c.ID] // an expired record not swept yet
 	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	err = s.write(ctx, func(tx *bolt.Tx) error {
-		if err := drop(tx, c.ID); err != nil { // an expired record not swept yet
-			return err
-		}
-		return put(tx, c.ID, &record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
-	})
+	// The record is encoded here, not on the writer's goroutine, which
+	// every commit waits for.
+	exp := expiresAt(c.Until)
+	var oldKey []byte
+	if hadOld {
+		oldKey = recordKey(old, c.ID)
+	}
+	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
+	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -169,5 +203,19 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 		return err
 	}
 	delete(f.m, c.ID)
+	f.stored[c.ID] = exp
 	return nil
+}
+
+// putRecord stores the record v under key, after deleting the one under
+// oldKey unless it is nil.
+func putRecord(tx *bolt.Tx, oldKey, key, v []byte) error {
+	b := tx.Bucket(bucketRecords)
+	b.FillPercent = 1
+	if oldKey != nil {
+		if err := b.Delete(oldKey); err != nil {
+			return err
+		}
+	}
+	return b.Put(key, v)
 }

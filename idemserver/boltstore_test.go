@@ -158,12 +158,27 @@ func TestBoltStoreDamagedRecord(t *testing.T) {
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("keys"))
-		v := append([]byte(nil), b.Get([]byte("done"))...)
-		i := bytes.Index(v, []byte("100"))
-		require.Positive(t, i)
-		v[i] ^= 0x01 // "100" becomes "000": one bit, a silent change of amount
-		return b.Put([]byte("done"), v)
+		// The one record holding the body, wherever the format keeps it.
+		damaged := 0
+		err := tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+			var key []byte
+			b.ForEach(func(k, v []byte) error {
+				if bytes.Contains(v, []byte("100")) {
+					key = k
+				}
+				return nil
+			})
+			if key == nil {
+				return nil
+			}
+			v := append([]byte(nil), b.Get(key)...)
+			i := bytes.Index(v, []byte("100"))
+			v[i] ^= 0x01 // "100" becomes "000": one bit, a silent change of amount
+			damaged++
+			return b.Put(key, v)
+		})
+		require.Equal(t, 1, damaged)
+		return err
 	}))
 	require.NoError(t, db.Close())
 

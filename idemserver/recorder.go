@@ -17,8 +17,9 @@ import (
 type recorder struct {
 	w        http.ResponseWriter
 	max      int
+	replay   []string // the headers to keep (see WithReplayHeaders)
 	status   int
-	sent     http.Header // header at WriteHeader time
+	sent     http.Header // the replay headers at WriteHeader time
 	body     bytes.Buffer
 	through  bool // the status and buffered body went to w
 	overflow bool // the body outgrew max; body is no longer kept
@@ -43,7 +44,7 @@ func (rec *recorder) WriteHeader(status int) {
 	}
 	if rec.status == 0 {
 		rec.status = status
-		rec.sent = rec.w.Header().Clone()
+		rec.sent = pick(rec.w.Header(), rec.replay)
 	}
 }
 
@@ -81,7 +82,7 @@ func (rec *recorder) passThrough() {
 	rec.through = true
 	if rec.status == 0 {
 		rec.status = http.StatusOK
-		rec.sent = rec.w.Header().Clone()
+		rec.sent = pick(rec.w.Header(), rec.replay)
 	}
 	rec.w.WriteHeader(rec.status)
 	if rec.body.Len() > 0 {

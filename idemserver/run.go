@@ -58,6 +58,8 @@ type run struct {
 	claimed   time.Time // local time before the claim was sent
 	tx        RequestTx // nil unless the store is a TxStore
 	done      bool      // the key was completed, released or given up
+	rec       recorder  // the handler's writer: in the run, one allocation for both
+	ren       renewer
 }
 
 func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki keyInfo) {
@@ -69,7 +71,8 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 		ctx, u.tx = ts.Scope(ctx, u.id, u.token)
 	}
 	stopRenew := u.renew(ctx, cancel)
-	rec := &recorder{w: w, max: m.cfg.maxResponse}
+	rec := &u.rec
+	rec.w, rec.max, rec.replay = w, m.cfg.maxResponse, m.cfg.replay
 	defer func() {
 		if u.done {
 			return
@@ -130,7 +133,7 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	case rec.failed:
 		return &Response{Status: status, NotKept: true}, "stream failed after its first flush"
 	}
-	return &Response{Status: status, Header: pick(rec.sent, u.m.cfg.replay), Body: rec.body.Bytes()}, ""
+	return &Response{Status: status, Header: rec.sent, Body: rec.body.Bytes()}, ""
 }
 
 // storeContext returns a context for a store call made on behalf of r that
@@ -219,7 +222,8 @@ func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop f
 	m := u.m
 	lease := m.cfg.lease
 	hold := lease - lease/fenceMargin
-	r := &renewer{u: u, ctx: ctx, cancel: cancel, lease: lease, hold: hold}
+	r := &u.ren
+	r.u, r.ctx, r.cancel, r.lease, r.hold = u, ctx, cancel, lease, hold
 	r.mu.Lock()
 	r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
 	r.t = time.AfterFunc(lease/3, r.tick)
