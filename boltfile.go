@@ -34,13 +34,13 @@ type BoltOptions struct {
 	// record Sweep kept because it could not read it, or a commit of
 	// changes queued by Attempt or Finish that failed. Nil is silent.
 	Logger *slog.Logger
-	// OnWriteError, if set, is called (on the store's writer goroutine;
-	// it must not block) when a commit carrying changes queued by Attempt
+	// OnWriteError, if set, is called (on the goroutine that led the
+	// commit, a caller's or the store's timer; it must not block) when a commit carrying changes queued by Attempt
 	// or Finish failed. Those changes are kept and ride the next commit;
 	// Close returns an error if they still cannot be written.
 	OnWriteError func(error)
-	// OnCommit, if set, is called on the store's writer goroutine after
-	// every group commit with the number of changes it carried, how long it
+	// OnCommit, if set, is called on the goroutine that led the commit (a
+	// caller's, or the store's timer) after every group commit with the number of changes it carried, how long it
 	// took (fsyncs included) and its error: the journal's commit latency
 	// and group size, for metrics. It must not block.
 	OnCommit func(changes int, latency time.Duration, err error)

@@ -17,8 +17,9 @@ import (
 // WithRequestHooks adds to those already in the context, and an event
 // calls them all, the Client's first, each in the order it was added.
 // Hooks are called synchronously on the goroutine doing the work (the
-// caller's, Resume's, or the journal's writer for JournalCommit): keep
-// them quick, and do not call back into the Client from them.
+// caller's, Resume's, or, for JournalCommit, whichever goroutine led the
+// commit: a caller's, possibly another request's, or the journal's timer):
+// keep them quick, and do not call back into the Client from them.
 //
 // A hook that panics does not leave its operation in flight: the
 // operation's ending (settled, in doubt, or failed unsent when no request

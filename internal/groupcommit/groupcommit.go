@@ -1,12 +1,19 @@
 // Package groupcommit commits the writes of many goroutines together: one
 // transaction, and so one fsync, per group.
 //
-// A Writer runs one goroutine. Each commit takes everything that was queued
-// while the previous commit ran (up to a cap), so a lone caller is committed
-// at once and a crowd shares fsyncs. Nobody who waits for durability waits
-// for a group to fill. Functions queued with Go, whose callers do not wait,
-// ride the next commit that someone waits for; if none comes within
-// Options.AsyncDelay, they are committed on their own.
+// A Writer has no goroutine of its own. A caller of Do that finds no
+// commit running leads one: it runs the transaction on its own goroutine,
+// carrying everything queued (up to a cap), its own function included. A
+// caller that arrives while a commit runs queues its function and waits;
+// when that commit ends, its leader wakes the callers it carried and hands
+// the lead to the first caller still queued, whose commit takes everything
+// queued meanwhile. So a lone caller commits at once, as a bare
+// transaction would, with no goroutine switch, and a crowd shares fsyncs.
+// Nobody who waits for durability waits for a group to fill, and no leader
+// runs a group after its own: its caller returns as soon as its own
+// function is durable. Functions queued with Go, whose callers do not
+// wait, ride the next commit that someone waits for; if none comes within
+// Options.AsyncDelay, a timer leads a commit for them.
 //
 // The functions of a group run in queue order inside one transaction. If one
 // of them returns an error (or panics), the transaction is rolled back and
@@ -19,6 +26,13 @@
 // that doubles up to MaxRetryDelay while commits keep failing. An accepted
 // asynchronous change is never dropped while the Writer is open; Close makes
 // one last attempt and returns its error.
+//
+// One commit runs at a time, so the hooks (Options.OnCommit,
+// OnAsyncError) are never called concurrently, but they are called on the
+// goroutine of the commit's leader: a caller of Do, Sync or Close, or the
+// timer's. A hook that panics does not stop the Writer: the commit's
+// callers get their results, the lead passes on, and then the panic goes
+// on up the leader's goroutine.
 package groupcommit
 
 import (
@@ -38,14 +52,16 @@ type Options struct {
 	// MaxGroup caps the number of functions one transaction runs. Zero
 	// means 1024.
 	MaxGroup int
-	// OnAsyncError is called, on the writer's goroutine, with the error of a
-	// function queued by Go (which is then dropped: it failed, not the
-	// disk), or once per failed commit that carried functions queued by Go
-	// (which are kept for the next commit). Nil ignores such errors.
+	// OnAsyncError is called, on the goroutine of the commit's leader, with
+	// the error of a function queued by Go (which is then dropped: it
+	// failed, not the disk), or once per failed commit that carried
+	// functions queued by Go (which are kept for the next commit). Nil
+	// ignores such errors. It must not block.
 	OnAsyncError func(error)
-	// OnCommit, if set, is called on the writer's goroutine after every
-	// commit with the number of functions it carried, how long it took and
-	// its error. It must not block.
+	// OnCommit, if set, is called on the goroutine of the commit's leader
+	// after every commit, before the commit's callers are woken, with the
+	// number of functions it carried, how long it took and its error. It
+	// must not block.
 	OnCommit func(n int, d time.Duration, err error)
 	// Recover, if set, turns the value a function panicked with into the
 	// error that function gets. Nil gives a generic error.
@@ -73,32 +89,40 @@ type Writer[T any] struct {
 	recover    func(any) error
 
 	items   sync.Pool // of *item[T] with a result channel, for Do
-	goItems sync.Pool // of *item[T] without, for Go; the writer returns them
+	goItems sync.Pool // of *item[T] without, for Go; the leader returns them
 
-	// Used by the writer goroutine only, for the group it runs.
+	// Used by the leader only, for the group it runs. The lead passes
+	// under mu, which orders one leader's use before the next one's.
+	group     []*item[T]
 	live      []*item[T]
 	running   []*item[T]
 	failed    int
 	failErrFn error
 	runFn     func(T) error // w.runGroup
+	self      *item[T]      // the leading caller's own item, if a Do leads
+	selfErr   error         // its result, once selfDone
+	selfDone  bool
+	panicked  any // what a hook panicked with, re-raised by the leader
 
-	mu      sync.Mutex
-	cond    *sync.Cond // signalled when queue grows or closed is set
-	queue   []*item[T]
-	closed  bool
-	urgent  int           // queued Do functions
-	syncers int           // Sync callers waiting
-	due     bool          // the async delay of the queued Go functions is over
-	timer   *time.Timer   // runs out the async delay; nil when not running
-	timerN  uint64        // counts timers started or stopped; a stale one is ignored
-	enq     uint64        // functions ever queued
-	done    uint64        // functions ever finished, in queue order
-	flushed chan struct{} // closed after the next group; nil until a Sync waits
-	exited  chan struct{}
-	failErr error  // error of the last failed commit that kept functions queued
-	fails   int    // commits failed in a row
-	failN   uint64 // commits ever failed that kept functions queued
-	lost    error  // the error that made Close drop queued functions
+	timer *time.Timer // calls w.fire; armed and stopped under mu
+
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled when the lead is free after Close
+	queue    []*item[T]
+	leading  bool      // a commit runs, or its leader is about to run one
+	closed   bool      // Close was called
+	urgent   int       // queued Do functions (cancelled ones included)
+	due      bool      // the async delay of the queued Go functions is over
+	armed    bool      // the timer runs out the async or retry delay
+	deadline time.Time // when the armed timer is due; an earlier firing is stale
+	enq      uint64    // functions ever queued
+	done     uint64    // functions ever finished, in queue order
+	flushed  chan struct{}
+	exited   chan struct{}
+	failErr  error  // error of the last failed commit that kept functions queued
+	fails    int    // commits failed in a row
+	failN    uint64 // commits ever failed that kept functions queued
+	lost     error  // the error that made Close drop queued functions
 }
 
 type item[T any] struct {
@@ -109,17 +133,22 @@ type item[T any] struct {
 
 const (
 	queued int32 = iota
+	lead         // chosen to lead; its caller is being woken with errLead
 	taken
 	cancelled
 )
 
-// errRerun marks the rollback of a group because one function failed.
-var errRerun = errors.New("groupcommit: rerun group")
+var (
+	// errRerun marks the rollback of a group because one function failed.
+	errRerun = errors.New("groupcommit: rerun group")
+	// errLead, sent to a waiting caller of Do, hands it the lead.
+	errLead = errors.New("groupcommit: lead the next commit")
+)
 
-// New starts a Writer whose commits call update, which must run its
+// New returns a Writer whose commits call update, which must run its
 // argument in one read-write transaction, commit it durably and return the
 // argument's error or the commit's error (bbolt's DB.Update does this).
-// Close stops it.
+// Close commits what is left.
 func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 	w := &Writer[T]{
 		update:     update,
@@ -127,6 +156,8 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 		onAsync:    o.OnAsyncError,
 		onCommit:   o.OnCommit,
 		asyncDelay: o.AsyncDelay,
+		recover:    o.Recover,
+		maxRetry:   o.MaxRetryDelay,
 		exited:     make(chan struct{}),
 	}
 	if w.maxGroup <= 0 {
@@ -135,36 +166,49 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 	if w.asyncDelay == 0 {
 		w.asyncDelay = 20 * time.Millisecond
 	}
-	w.recover = o.Recover
-	w.maxRetry = o.MaxRetryDelay
 	if w.maxRetry <= 0 {
 		w.maxRetry = time.Second
 	}
 	w.runFn = w.runGroup
 	w.cond = sync.NewCond(&w.mu)
-	go w.loop()
+	w.timer = time.AfterFunc(time.Hour, w.fire)
+	w.timer.Stop()
 	return w
 }
 
 // Do queues fn and waits until the group that ran it has committed. It
 // returns fn's error, or the commit's error, or nil once fn's effects are
-// durable. If ctx ends while fn is still queued, fn is dropped and Do
-// returns the context's cause; once fn's group has started, Do waits for it.
+// durable. If no commit is running, fn's group is committed on the
+// calling goroutine. If ctx ends while fn is still queued, fn is dropped
+// and Do returns the context's cause; once fn's group has started, or its
+// caller was chosen to lead it, Do waits for it.
 func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
 	}
-	// Items of Do, with their channel, are reused: the writer is done
-	// with an item once it has sent the result.
+	// Items of Do, with their channel, are reused once their result is in.
 	it, _ := w.items.Get().(*item[T])
 	if it == nil {
 		it = &item[T]{res: make(chan error, 1)}
 	}
 	it.fn = fn
 	it.state.Store(queued)
-	if err := w.push(it); err != nil {
-		return err
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		it.fn = nil
+		w.items.Put(it)
+		return ErrClosed
 	}
+	w.queue = append(w.queue, it)
+	w.enq++
+	w.urgent++
+	if !w.leading {
+		w.leading = true
+		it.state.Store(lead)
+		return w.leadFor(it)
+	}
+	w.mu.Unlock()
 	var err error
 	select {
 	case err = <-it.res:
@@ -175,8 +219,34 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 		}
 		err = <-it.res
 	}
+	if err == errLead {
+		w.mu.Lock()
+		return w.leadFor(it)
+	}
 	it.fn = nil
 	w.items.Put(it)
+	return err
+}
+
+// leadFor commits groups, as the leader, until the one carrying it (the
+// caller's own item) has committed, hands the lead on and returns its
+// result. w.mu is held, and unlocked on return.
+func (w *Writer[T]) leadFor(it *item[T]) error {
+	w.self, w.selfDone = it, false
+	for !w.selfDone {
+		w.commitLocked()
+	}
+	err := w.selfErr
+	w.self, w.selfErr = nil, nil
+	w.handOffLocked()
+	p := w.panicked
+	w.panicked = nil
+	w.mu.Unlock()
+	it.fn = nil
+	w.items.Put(it)
+	if p != nil {
+		panic(p)
+	}
 	return err
 }
 
@@ -188,17 +258,29 @@ func (w *Writer[T]) Go(fn func(T) error) error {
 		it = &item[T]{}
 	}
 	it.fn = fn
-	if err := w.push(it); err != nil {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
 		it.fn = nil
 		w.goItems.Put(it)
-		return err
+		return ErrClosed
 	}
+	w.queue = append(w.queue, it)
+	w.enq++
+	if !w.leading {
+		// A running commit's leader arms the timer when it hands off.
+		w.armLocked()
+	}
+	w.mu.Unlock()
 	return nil
 }
 
 // Sync waits until every function queued before it was called has run and
 // its group has committed. It returns at once if nothing is queued or
-// running, and returns the context's cause if ctx ends first.
+// running, and returns the context's cause if ctx ends first. If no commit
+// is running, Sync leads the commits it waits for on its own goroutine;
+// after a failed commit it waits for the retry instead, and returns its
+// error if what it waits for is kept again.
 func (w *Writer[T]) Sync(ctx context.Context) error {
 	w.mu.Lock()
 	if w.closed && w.enq == w.done {
@@ -206,16 +288,26 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 		return ErrClosed
 	}
 	target, failN := w.enq, w.failN
-	if w.done < target {
-		w.syncers++
-		w.cond.Signal()
-		defer func() {
-			w.mu.Lock()
-			w.syncers--
-			w.mu.Unlock()
-		}()
-	}
 	for w.done < target {
+		if w.failN != failN {
+			// What Sync waits for is kept for a later commit.
+			err := w.failErr
+			w.mu.Unlock()
+			return err
+		}
+		if !w.leading && w.fails == 0 {
+			// After a failed commit, a waiting Sync does not hurry the
+			// retry: it returns the failure instead.
+			w.leading = true
+			w.commitLocked()
+			w.handOffLocked()
+			if p := w.panicked; p != nil {
+				w.panicked = nil
+				w.mu.Unlock()
+				panic(p)
+			}
+			continue
+		}
 		if w.flushed == nil {
 			w.flushed = make(chan struct{})
 		}
@@ -227,19 +319,14 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 			return context.Cause(ctx)
 		}
 		w.mu.Lock()
-		if w.done < target && w.failN != failN {
-			// What Sync waits for is kept for a later commit.
-			err := w.failErr
-			w.mu.Unlock()
-			return err
-		}
 	}
 	w.mu.Unlock()
 	return nil
 }
 
-// Close runs and commits everything queued, stops the goroutine and returns.
-// Later calls of Do, Go and Sync return ErrClosed.
+// Close waits for the running commit, runs and commits everything queued
+// on the calling goroutine, and returns. Later calls of Do, Go and Sync
+// return ErrClosed.
 func (w *Writer[T]) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -248,225 +335,23 @@ func (w *Writer[T]) Close() error {
 		return ErrClosed
 	}
 	w.closed = true
-	w.cond.Signal()
+	w.disarmLocked()
+	for w.leading {
+		w.cond.Wait()
+	}
+	w.leading = true // for good
+	for len(w.queue) > 0 {
+		w.commitLocked()
+	}
+	p := w.panicked
+	w.panicked = nil
 	w.mu.Unlock()
-	<-w.exited
+	close(w.exited)
+	if p != nil {
+		panic(p)
+	}
 	if w.lost != nil {
 		return fmt.Errorf("groupcommit: queued changes not written: %w", w.lost)
 	}
 	return nil
-}
-
-func (w *Writer[T]) push(it *item[T]) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed {
-		return ErrClosed
-	}
-	w.queue = append(w.queue, it)
-	w.enq++
-	if it.res != nil {
-		w.urgent++
-	}
-	w.cond.Signal()
-	return nil
-}
-
-func (w *Writer[T]) loop() {
-	defer close(w.exited)
-	var group []*item[T]
-	for {
-		w.mu.Lock()
-		for !w.ready() {
-			w.cond.Wait()
-		}
-		if len(w.queue) == 0 {
-			w.mu.Unlock()
-			return
-		}
-		if w.timer != nil {
-			w.timer.Stop()
-			w.timer = nil
-			w.timerN++ // a timer firing late must not mark the next wait due
-		}
-		w.due = false
-		n := min(len(w.queue), w.maxGroup)
-		for _, it := range w.queue[:n] {
-			if it.res != nil {
-				w.urgent--
-			}
-		}
-		closing := w.closed // this group is Close's last attempt
-		if n == len(w.queue) && cap(w.queue) <= w.maxGroup {
-			// The common case: the group takes the whole queue. Swap the
-			// two arrays instead of copying, so that a steady stream of
-			// groups allocates no queue.
-			group, w.queue = w.queue, group[:0]
-		} else {
-			group = append(group[:0], w.queue[:n]...)
-			clear(w.queue[:n])
-			w.queue = w.queue[n:]
-			if len(w.queue) == 0 {
-				w.queue = w.queue[:0:0] // let the old backing array go
-			}
-		}
-		w.mu.Unlock()
-
-		kept, err := w.run(group)
-		clear(group)
-
-		w.mu.Lock()
-		w.done += uint64(n - len(kept))
-		if len(kept) > 0 {
-			if closing {
-				// Close makes one last attempt; after it, nothing is left
-				// to retry with.
-				w.lost = fmt.Errorf("%d changes: %w", len(kept), err)
-				w.done += uint64(len(kept))
-			} else {
-				w.queue = append(kept, w.queue...)
-				w.failErr, w.fails, w.failN = err, w.fails+1, w.failN+1
-			}
-		} else if err == nil {
-			w.fails = 0
-		}
-		if w.flushed != nil {
-			close(w.flushed)
-			w.flushed = nil
-		}
-		w.mu.Unlock()
-	}
-}
-
-// ready reports whether the loop should commit now (or, with an empty
-// queue, exit). While only Go functions are queued it starts the async
-// delay's timer. w.mu is held.
-func (w *Writer[T]) ready() bool {
-	switch {
-	case len(w.queue) == 0:
-		return w.closed
-	case w.closed, w.urgent > 0, w.due, len(w.queue) >= w.maxGroup:
-		return true
-	case w.fails == 0 && (w.syncers > 0 || w.asyncDelay < 0):
-		// After a failed commit, a waiting Sync does not hurry the
-		// retry: it returns the failure instead.
-		return true
-	}
-	if w.timer == nil {
-		w.timerN++
-		n := w.timerN
-		delay := max(w.asyncDelay, 0)
-		if w.fails > 0 {
-			// The last commit failed: wait before retrying what it kept,
-			// doubling the wait with each failure.
-			delay = min(max(delay, time.Millisecond)<<min(w.fails, 20), w.maxRetry)
-		}
-		w.timer = time.AfterFunc(delay, func() {
-			w.mu.Lock()
-			if n == w.timerN { // not stopped by a commit meanwhile
-				w.due = true
-				w.cond.Signal()
-			}
-			w.mu.Unlock()
-		})
-	}
-	return false
-}
-
-// run commits one group, rerunning it without any function that fails. If
-// the commit fails, it returns the functions queued by Go, to be kept, and
-// the error.
-func (w *Writer[T]) run(group []*item[T]) (kept []*item[T], err error) {
-	live := w.live[:0]
-	for _, it := range group {
-		if it.res == nil || it.state.CompareAndSwap(queued, taken) {
-			live = append(live, it)
-		}
-	}
-	defer func() { clear(live); w.live = live[:0] }()
-	for len(live) > 0 {
-		w.running, w.failed, w.failErrFn = live, -1, nil
-		var began time.Time
-		if w.onCommit != nil {
-			began = time.Now()
-		}
-		err := w.safeUpdate(w.runFn)
-		failed, ferr := w.failed, w.failErrFn
-		if w.onCommit != nil && failed < 0 {
-			w.onCommit(len(live), time.Since(began), err)
-		}
-		w.running, w.failErrFn = nil, nil
-		if failed >= 0 {
-			w.finish(live[failed], ferr)
-			live = append(live[:failed], live[failed+1:]...)
-			continue
-		}
-		if err != nil {
-			for _, it := range live {
-				if it.res == nil {
-					kept = append(kept, it)
-				} else {
-					it.res <- err
-				}
-			}
-			if len(kept) > 0 && w.onAsync != nil {
-				w.onAsync(fmt.Errorf("%d queued changes kept for the next commit: %w", len(kept), err))
-			}
-			return kept, err
-		}
-		for _, it := range live {
-			w.finish(it, nil)
-		}
-		return nil, nil
-	}
-	return nil, nil
-}
-
-// runGroup runs the functions of w.running in tx, stopping at the first
-// that fails (recorded in w.failed and w.failErrFn). It is the transaction
-// function of every commit, kept as one method value so that a commit
-// allocates no closure.
-func (w *Writer[T]) runGroup(tx T) error {
-	for i, it := range w.running {
-		if err := w.call(it.fn, tx); err != nil {
-			w.failed, w.failErrFn = i, err
-			return errRerun
-		}
-	}
-	return nil
-}
-
-func (w *Writer[T]) safeUpdate(fn func(T) error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("groupcommit: commit panicked: %v", p)
-		}
-	}()
-	return w.update(fn)
-}
-
-func (w *Writer[T]) call(fn func(T) error, tx T) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			if w.recover != nil {
-				err = w.recover(p)
-			} else {
-				err = fmt.Errorf("groupcommit: function panicked: %v", p)
-			}
-		}
-	}()
-	return fn(tx)
-}
-
-func (w *Writer[T]) finish(it *item[T], err error) {
-	if it.res != nil {
-		it.res <- err
-		return
-	}
-	if err != nil && w.onAsync != nil {
-		w.onAsync(err)
-	}
-	// Nobody else holds an item of Go once it is finished.
-	it.fn = nil
-	w.goItems.Put(it)
 }
