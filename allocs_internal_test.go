@@ -96,8 +96,7 @@ func TestKeyedRequestAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, want := keyedAllocs(t, s), 1000.0
-		t.Logf("bbolt: %v", n)
+		n, want := keyedAllocs(t, s), 80.0
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)
 		}
