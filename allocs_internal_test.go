@@ -96,7 +96,7 @@ func TestKeyedRequestAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, want := keyedAllocs(t, s), 80.0
+		n, want := keyedAllocs(t, s), 82.0
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)
 		}

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-	"unsafe"
 
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
@@ -161,77 +160,6 @@ func change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) (
 // changes of one write transaction share.
 func (s *BoltStore) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
 	return s.scratch.change(tx, ops, key, fn)
-}
-
-// txScratch is what the changes of one write transaction share: a cursor
-// on its ops bucket for their reads (a Get makes a cursor of its own, and
-// its stack, each time), a record to decode into, and a buffer their new
-// values are cut from. bbolt keeps a reference to a value put until its
-// transaction ends, so the buffer is reused by a later transaction only;
-// write transactions run one at a time (bbolt's writer lock orders them),
-// and the scratch is used only inside them.
-type txScratch struct {
-	tx  *bolt.Tx // the transaction it serves; held, so no other has its address
-	cur *bolt.Cursor
-	rec codec.Record
-	buf []byte
-}
-
-// scratchMax bounds the buffer kept between transactions; a larger value
-// gets a buffer of its own.
-const scratchMax = 64 << 10
-
-// begin makes the scratch serve tx, whose ops bucket is ops.
-func (sc *txScratch) begin(tx *bolt.Tx, ops *bolt.Bucket) {
-	if sc.tx == tx {
-		return
-	}
-	sc.tx, sc.cur, sc.buf = tx, ops.Cursor(), sc.buf[:0]
-}
-
-// get returns the value of key in the ops bucket, as Bucket.Get does.
-func (sc *txScratch) get(key []byte) []byte {
-	k, v := sc.cur.Seek(key)
-	if !bytes.Equal(k, key) {
-		return nil
-	}
-	return v
-}
-
-// value returns an empty slice of capacity n for a value to put, cut from
-// the buffer.
-func (sc *txScratch) value(n int) []byte {
-	if n > scratchMax/4 {
-		return make([]byte, 0, n)
-	}
-	if cap(sc.buf)-len(sc.buf) < n {
-		// The values cut from the old buffer keep it alive while bbolt
-		// holds them.
-		sc.buf = make([]byte, 0, min(max(2*cap(sc.buf), 4*n, 512), scratchMax))
-	}
-	at := len(sc.buf)
-	sc.buf = sc.buf[:at+n]
-	return sc.buf[at : at : at+n]
-}
-
-func (sc *txScratch) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	sc.begin(tx, ops)
-	k := unsafe.Slice(unsafe.StringData(key), len(key))
-	v := sc.get(k)
-	if v == nil {
-		return fmt.Errorf("%q: %w", key, ErrNotFound)
-	}
-	r := &sc.rec
-	defer func() { *r = codec.Record{} }() // it aliases tx memory
-	req, err := codec.DecodeHeadAlias(v, r)
-	if err != nil {
-		return codecErr(key, err)
-	}
-	if req, err = fn(r, req); err != nil {
-		return err
-	}
-	buf := sc.value(codec.HeadSize(r) + max(len(req), 1))
-	return ops.Put(k, codec.AppendWithRequest(buf, r, req))
 }
 
 // encodeKV encodes r under key into buf if it fits, else into a new

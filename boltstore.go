@@ -532,34 +532,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 	if err := s.known(key, true); err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
-	now := toNanos(o.At)
-	err := s.writeAsync(func(tx *bolt.Tx) error {
-		ops, err := opsOf(tx)
-		if err != nil {
-			return err
-		}
-		apart := false
-		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
-			r.State = uint8(o.State)
-			r.Attempts += int64(o.Sent)
-			r.LastStatus, r.LastError, r.URL = int64(o.Status), o.Err, o.URL
-			r.LeaseUntil = 0
-			r.Updated = now
-			apart = r.Flags&flagBodyApart != 0
-			r.Flags &^= flagBodyApart
-			if len(req) > 1 || apart {
-				s.f.noteDrop(tx)
-			}
-			return nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("finish: %w", err)
-		}
-		if apart {
-			return ops.Delete(bodyKey(key))
-		}
-		return nil
-	})
+	err := s.writeAsync(newFinishMark(s, key, o).fn)
 	if err != nil {
 		return fmt.Errorf("finish %q: %w", key, err)
 	}
