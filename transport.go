@@ -190,7 +190,10 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 // with o's key set under keyHeader, and o's journaled body, or for a body
 // over the journal's limit, large.
 func (t *Transport) outgoing(o *operation, base *http.Request, h http.Header, keyHeader string, large func() (io.ReadCloser, error)) *http.Request {
-	out := base.WithContext(o.traced(base.Context()))
+	// The copy lives in the operation: WithContext is inlined here, and
+	// its own copy, only read, stays on the stack.
+	o.req = *base.WithContext(o.traced(base.Context()))
+	out := &o.req
 	o.keyValue[0] = o.rec.Key
 	out.Header = outgoingHeader(h, keyHeader, o.keyValue[:])
 	out.Body = nil
