@@ -76,21 +76,22 @@ func keyedAllocs(t *testing.T, store KeyStore) float64 {
 }
 
 // TestKeyedRequestAllocations bounds what idem adds to a keyed request,
-// beyond the key: with the memory store, the body, the journaled URL, the
-// two header maps (journaled, outgoing) with their groups, the operation
-// (which holds the request copy, its context, the in-flight entry and the
-// first attempt's body reader), the trace hook, GetBody, the boxing of
-// that reader, and a share of a block of the store's records. With the
-// bbolt journal, also what one Reserve and one Finish cost, mostly
-// bbolt's own (a cursor stack per Put, key copies, nodes, free list), with
-// a commit per request here. The bbolt count depends a little on how the
-// finish marks fall into commits, hence its margin.
+// beyond the key: with the memory store, the body, the outgoing header
+// map with its group, the operation (which holds the request copy, its
+// context, the in-flight entry and the first attempt's body reader), the
+// trace hook, GetBody, the boxing of that reader, and a share of a block
+// of the store's records; the journaled header and URL are shared with
+// the request before, which had the same. With the bbolt journal, also
+// what one Reserve and one Finish cost, mostly bbolt's own (a cursor
+// stack per Put, key copies, nodes, free list), with a commit per request
+// here. The bbolt count depends a little on how the finish marks fall
+// into commits, hence its margin.
 func TestKeyedRequestAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts differ under the race detector")
 	}
 	t.Run("memory", func(t *testing.T) {
-		n, want := keyedAllocs(t, NewMemoryStore()), 11.0
+		n, want := keyedAllocs(t, NewMemoryStore()), 8.0
 		t.Logf("%v allocations besides the key", n)
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)
@@ -101,7 +102,7 @@ func TestKeyedRequestAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, want := keyedAllocs(t, s), 81.0
+		n, want := keyedAllocs(t, s), 79.0
 		t.Logf("%v allocations besides the key", n)
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)

@@ -137,8 +137,8 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		return nil, &Error{Name: name, Cause: invalidIf(err), Err: fmt.Errorf("idem: reading request body: %w", err)}
 	}
 
-	jurl, redacted := t.cfg.journaledURL(req.URL)
-	header, secrets := t.cfg.journaledHeader(req.Header)
+	jurl, redacted := t.cfg.journaledURL(req.URL, &t.j.last)
+	header, secrets := t.cfg.journaledHeader(req.Header, &t.j.last)
 	var fp [32]byte
 	if rest != nil {
 		if fp, err = t.largeFingerprint(req, jurl, rest); err != nil {
