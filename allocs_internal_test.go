@@ -102,7 +102,7 @@ func TestKeyedRequestAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, want := keyedAllocs(t, s), 79.0
+		n, want := keyedAllocs(t, s), 82.0
 		t.Logf("%v allocations besides the key", n)
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)
