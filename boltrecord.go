@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-	"unsafe"
 
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
@@ -186,28 +185,26 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 // record's head (aliasing tx memory, so r must not outlive the call) and
 // its raw request section, lets fn change them, and puts the result. fn
 // returns the request section to keep (req, or nil to drop it), or an
-// error that leaves the record as it was.
+// error that leaves the record as it was. BoltStore.change does the same
+// with the transaction's scratch.
 func change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	v := ops.Get(unsafe.Slice(unsafe.StringData(key), len(key)))
-	if v == nil {
-		return fmt.Errorf("%q: %w", key, ErrNotFound)
-	}
-	var r codec.Record
-	req, err := codec.DecodeHeadAlias(v, &r)
-	if err != nil {
-		return codecErr(key, err)
-	}
-	if req, err = fn(&r, req); err != nil {
-		return err
-	}
-	buf := make([]byte, 0, codec.HeadSize(&r)+max(len(req), 1))
-	return ops.Put(unsafe.Slice(unsafe.StringData(key), len(key)), codec.AppendWithRequest(buf, &r, req))
+	var sc txScratch
+	return sc.change(ops.Tx(), ops, key, fn)
 }
 
-// encodeKV encodes r under key in one buffer and returns key and value.
-func encodeKV(key string, r *codec.Record) (k, v []byte) {
-	buf := make([]byte, len(key), len(key)+codec.Size(r))
-	copy(buf, key)
+// change is the package's change with the scratch of tx, which the
+// changes of one write transaction share.
+func (s *BoltStore) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	return s.scratch.change(tx, ops, key, fn)
+}
+
+// encodeKV encodes r under key into buf if it fits, else into a new
+// buffer, and returns key and value.
+func encodeKV(buf []byte, key string, r *codec.Record) (k, v []byte) {
+	if n := len(key) + codec.Size(r); n > cap(buf) {
+		buf = make([]byte, 0, n)
+	}
+	buf = append(buf[:0], key...)
 	buf = codec.Append(buf, r)
 	return buf[:len(key)], buf[len(key):]
 }

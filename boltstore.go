@@ -86,6 +86,9 @@ type BoltStore struct {
 	scrubKick chan struct{}
 	scrubStop chan struct{}
 	scrubDone chan struct{}
+
+	// scratch is shared by the changes of each write transaction.
+	scratch txScratch
 }
 
 var (
@@ -242,14 +245,16 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 		return Operation{}, false, fmt.Errorf("reserve %q: %w: the bbolt journal cannot hold an empty key or one ending in NUL", op.Key, ErrInvalidKey)
 	}
 	s.seen(op.Owner)
-	rv := &reservation{op: op}
+	rv := reservations.Get().(*reservation)
+	defer rv.recycle()
+	rv.op, rv.sc = op, &s.scratch
 	rec := toRecord(&rv.op)
 	if len(op.Body) >= bodyApart {
 		rec.Body, rec.Flags = nil, rec.Flags|flagBodyApart
 		rv.bodyKey = bodyKey(op.Key)
 	}
-	rv.key, rv.val = encodeKV(op.Key, &rec)
-	if err := s.write(ctx, rv.run); err != nil {
+	rv.key, rv.val = encodeKV(rv.small[:0], op.Key, &rec)
+	if err := s.write(ctx, rv.fn); err != nil {
 		return Operation{}, false, fmt.Errorf("reserve %s: %w", op.Key, err)
 	}
 	if !rv.created {
@@ -267,13 +272,39 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	return op, true, nil
 }
 
-// reservation is one Reserve's change and its result, in one allocation.
+// reservation is one Reserve's change and its result, with room for the
+// encoded record if it is small (bbolt holds the value until the commit,
+// which Reserve waits for). Reservations are reused: once write returns,
+// the change has run and committed, or will never run (groupcommit's Do
+// drops a change whose context ended while it was queued), so nothing
+// refers to one any more.
 type reservation struct {
+	fn       func(*bolt.Tx) error // run, made once per reservation
 	op       Operation
+	sc       *txScratch
 	key, val []byte // the encoded record, in one buffer
 	bodyKey  []byte // where op.Body goes if it is stored apart
 	existing Operation
 	created  bool
+	small    [reservationBuf]byte
+}
+
+// reservationBuf is the room a reservation has for its key and record: a
+// record with a few headers and a body of a few hundred bytes.
+const reservationBuf = 512
+
+var reservations = sync.Pool{New: func() any {
+	rv := new(reservation)
+	rv.fn = rv.run
+	return rv
+}}
+
+// recycle clears the reservation, so that it holds on to no request, and
+// puts it back for another Reserve.
+func (rv *reservation) recycle() {
+	rv.op, rv.existing = Operation{}, Operation{}
+	rv.sc, rv.key, rv.val, rv.bodyKey, rv.created = nil, nil, nil, nil, false
+	reservations.Put(rv)
 }
 
 func (rv *reservation) run(tx *bolt.Tx) error {
@@ -295,7 +326,8 @@ func (rv *reservation) run(tx *bolt.Tx) error {
 			return err
 		}
 	}
-	if ops.Get(rv.key) != nil {
+	rv.sc.begin(tx, ops)
+	if rv.sc.get(rv.key) != nil {
 		rv.existing, err = loadOp(ops, rv.op.Key)
 		return err
 	}
@@ -350,7 +382,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request
 			return err
 		}
 		apart := false // the new body goes apart
-		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			pending := State(r.State) == StatePending
 			if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
 				return nil, fmt.Errorf("leased to %q: %w", r.Owner, ErrInProgress)
@@ -395,7 +427,7 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 		if err != nil {
 			return err
 		}
-		return change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		return s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			if State(r.State) != StatePending || r.Owner != l.Owner {
 				return nil, ErrLeaseLost
 			}
@@ -473,7 +505,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 		if err != nil {
 			return err
 		}
-		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			r.Attempts += int64(a.Sent)
 			r.LastStatus, r.LastError = int64(a.Status), a.Err
 			r.Updated = now
@@ -501,34 +533,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 	if err := s.known(key, true); err != nil {
 		return fmt.Errorf("finish: %w", err)
 	}
-	now := toNanos(o.At)
-	err := s.writeAsync(func(tx *bolt.Tx) error {
-		ops, err := opsOf(tx)
-		if err != nil {
-			return err
-		}
-		apart := false
-		err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
-			r.State = uint8(o.State)
-			r.Attempts += int64(o.Sent)
-			r.LastStatus, r.LastError, r.URL = int64(o.Status), o.Err, o.URL
-			r.LeaseUntil = 0
-			r.Updated = now
-			apart = r.Flags&flagBodyApart != 0
-			r.Flags &^= flagBodyApart
-			if len(req) > 1 || apart {
-				s.f.noteDrop(tx)
-			}
-			return nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("finish: %w", err)
-		}
-		if apart {
-			return ops.Delete(bodyKey(key))
-		}
-		return nil
-	})
+	err := s.writeAsync(newFinishMark(s, key, o).fn)
 	if err != nil {
 		return fmt.Errorf("finish %q: %w", key, err)
 	}

@@ -29,7 +29,9 @@ type flightID struct {
 }
 
 // flights is the few flightIDs of one operation, kept by value so that
-// marking an operation in flight does not allocate for them.
+// marking an operation in flight does not allocate for them. e is its
+// entry: set by the caller to one it holds (a call's, inside its
+// operation), or made by acquire.
 type flights struct {
 	ids [2]flightID
 	n   int
@@ -66,10 +68,13 @@ func (f *inflight) acquire(fs *flights) (wait <-chan struct{}, key string) {
 		f.ids = make(map[flightID]*flightEntry)
 	}
 	if fs.e == nil {
-		fs.e = &flightEntry{since: time.Now()}
-		if fs.n == 1 { // a key of its own; a name's key is known once reserved
-			fs.e.key = fs.ids[0].id
-		}
+		fs.e = new(flightEntry)
+	}
+	// The entry is in no map now (a call's is released before it is
+	// acquired again), so no one else reads it.
+	*fs.e = flightEntry{since: time.Now()}
+	if fs.n == 1 { // a key of its own; a name's key is known once reserved
+		fs.e.key = fs.ids[0].id
 	}
 	for _, id := range fs.ids[:fs.n] {
 		f.ids[id] = fs.e

@@ -30,6 +30,7 @@ type journal struct {
 
 	flight inflight
 	recent recentCalls
+	last   lastRequest
 	calls  calls
 
 	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)

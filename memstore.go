@@ -32,6 +32,25 @@ type MemoryStore struct {
 	// since (it has a later entry, or is pending again).
 	done     []doneRef
 	doneHead int
+
+	// block is the room left for new records: they are made recordBlock
+	// at a time, one allocation for all.
+	block []Operation
+}
+
+// recordBlock is how many records one allocation holds. A block stays
+// in memory while any of its records does; records are swept in about
+// the order they were made, so blocks go with them.
+const recordBlock = 32
+
+// newRecord returns room for a new record. m.mu is held.
+func (m *MemoryStore) newRecord() *Operation {
+	if len(m.block) == 0 {
+		m.block = make([]Operation, recordBlock)
+	}
+	r := &m.block[0]
+	m.block = m.block[1:]
+	return r
 }
 
 type doneRef struct {
@@ -88,9 +107,10 @@ func (m *MemoryStore) Reserve(ctx context.Context, op Operation) (Operation, boo
 	if ex, ok := m.ops[op.Key]; ok {
 		return copyOp(ex), false, nil
 	}
-	rec := op // shares op.Header and op.Body, as Reserve's contract allows
-	m.ops[op.Key] = &rec
-	m.noteDone(&rec)
+	rec := m.newRecord()
+	*rec = op // shares op.Header and op.Body, as Reserve's contract allows
+	m.ops[op.Key] = rec
+	m.noteDone(rec)
 	if op.Name != "" {
 		m.names[op.Name] = op.Key
 	}

@@ -54,9 +54,12 @@ type operation struct {
 	doubtful   bool                  // the answer delivered leaves it in doubt
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
+	ctx        tracedCtx             // the requests' context, with trace
+	req        http.Request          // the request its attempts send (outgoing)
 	answer     answerBody            // the body handed to the caller
 	first      bytes.Reader          // the body of the first attempt
 	keyValue   [1]string             // the key header's value
+	flight     flightEntry           // its entry in the in-flight set, for a call
 
 	// rewind returns the body of an attempt after the first; outgoing
 	// sets it with the request it builds.
@@ -104,6 +107,7 @@ func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matche
 	poll := 10 * time.Millisecond
 	for {
 		ids := flightIDs(op.Key, op.Name)
+		ids.e = &o.flight // released before each new try
 		if wait, key := j.flight.acquire(&ids); wait != nil {
 			if err := waitFor(ctx, wait, 0); err != nil {
 				return &Error{Key: key, Name: op.Name, Cause: ErrInProgress, Err: err}
@@ -265,10 +269,51 @@ func journalCause(err error) error {
 }
 
 // traced returns ctx with the operation's httptrace.ClientTrace, which
-// counts the requests written.
+// counts the requests written: a context the operation holds, unless ctx
+// has a trace of its own, which httptrace.WithClientTrace composes with
+// the operation's.
 func (o *operation) traced(ctx context.Context) context.Context {
 	o.trace.WroteHeaders = o.countWrite
-	return httptrace.WithClientTrace(ctx, &o.trace)
+	if traceKey == nil || httptrace.ContextClientTrace(ctx) != nil {
+		return httptrace.WithClientTrace(ctx, &o.trace)
+	}
+	o.ctx = tracedCtx{Context: ctx, trace: &o.trace}
+	return &o.ctx
+}
+
+// tracedCtx is a context with a ClientTrace, as httptrace.WithClientTrace
+// makes one for a context without a trace, but held by the operation
+// instead of allocated: its Value answers httptrace's key with the trace
+// and passes every other key on.
+type tracedCtx struct {
+	context.Context
+	trace *httptrace.ClientTrace
+}
+
+func (c *tracedCtx) Value(key any) any {
+	if key == traceKey {
+		return c.trace
+	}
+	return c.Context.Value(key)
+}
+
+// traceKey is the key under which httptrace.ContextClientTrace looks up
+// a context's trace, found by asking it, or nil if it asked for none.
+var traceKey = func() any {
+	p := keyProbe{Context: context.Background()}
+	httptrace.ContextClientTrace(&p)
+	return p.key
+}()
+
+// keyProbe is a context that notes the key it was last asked for.
+type keyProbe struct {
+	context.Context
+	key any
+}
+
+func (p *keyProbe) Value(key any) any {
+	p.key = key
+	return nil
 }
 
 // names returns the operation's key and name.

@@ -120,13 +120,9 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-// journaledURL returns the URL as the journal keeps it: without user info
-// and without the secret query parameters. redacted reports whether
-// anything was removed.
-func (c *config) journaledURL(u *url.URL) (s string, redacted bool) {
-	if u.User == nil && (u.RawQuery == "" || !c.hasSecretQuery(u.RawQuery)) {
-		return u.String(), false
-	}
+// redactedURL returns u without user info and without the secret query
+// parameters.
+func (c *config) redactedURL(u *url.URL) string {
 	v := *u
 	v.User = nil
 	if v.RawQuery != "" {
@@ -138,7 +134,7 @@ func (c *config) journaledURL(u *url.URL) (s string, redacted bool) {
 		}
 		v.RawQuery = q.Encode()
 	}
-	return v.String(), true
+	return v.String()
 }
 
 // hasSecretQuery reports whether a raw query names a secret parameter.
@@ -155,21 +151,6 @@ func (c *config) hasSecretQuery(raw string) bool {
 		}
 	}
 	return false
-}
-
-// journaledHeader returns the headers worth replaying after a crash: all
-// but the secret ones and the key header (which is re-added from the key),
-// and whether a secret one was removed.
-func (c *config) journaledHeader(h http.Header) (out http.Header, redacted bool) {
-	out = make(http.Header, len(h))
-	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
-			redacted = redacted || c.secret[ck]
-			continue
-		}
-		out[k] = v
-	}
-	return out, redacted
 }
 
 // headerKey returns the key a caller put on the request's header, in any

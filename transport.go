@@ -137,8 +137,8 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		return nil, &Error{Name: name, Cause: invalidIf(err), Err: fmt.Errorf("idem: reading request body: %w", err)}
 	}
 
-	jurl, redacted := t.cfg.journaledURL(req.URL)
-	header, secrets := t.cfg.journaledHeader(req.Header)
+	jurl, redacted := t.cfg.journaledURL(req.URL, &t.j.last)
+	header, secrets := t.cfg.journaledHeader(req.Header, &t.j.last)
 	var fp [32]byte
 	if rest != nil {
 		if fp, err = t.largeFingerprint(req, jurl, rest); err != nil {
@@ -190,7 +190,10 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 // with o's key set under keyHeader, and o's journaled body, or for a body
 // over the journal's limit, large.
 func (t *Transport) outgoing(o *operation, base *http.Request, h http.Header, keyHeader string, large func() (io.ReadCloser, error)) *http.Request {
-	out := base.WithContext(o.traced(base.Context()))
+	// The copy lives in the operation: WithContext is inlined here, and
+	// its own copy, only read, stays on the stack.
+	o.req = *base.WithContext(o.traced(base.Context()))
+	out := &o.req
 	o.keyValue[0] = o.rec.Key
 	out.Header = outgoingHeader(h, keyHeader, o.keyValue[:])
 	out.Body = nil
