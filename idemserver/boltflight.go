@@ -23,6 +23,18 @@ type flights struct {
 	tokens atomic.Uint64 // the last token given
 	m      map[string]*flight
 	stored map[string]uint64 // id -> expiry of its record (see expiresAt); changed after commits only
+	peak   int               // the most keys stored has held since it was made
+}
+
+// minShrink is the fewest keys the index must have held before forget
+// rebuilds it smaller.
+const minShrink = 1024
+
+// index records that id's record, expiring at exp, entered the index;
+// f.mu must be held.
+func (f *flights) index(id string, exp uint64) {
+	f.stored[id] = exp
+	f.peak = max(f.peak, len(f.stored))
 }
 
 // forget takes the records of the keys gone (records bucket keys) out of
@@ -38,6 +50,17 @@ func (f *flights) forget(gone [][]byte) {
 		if exp, ok := f.stored[id]; ok && exp == binary.BigEndian.Uint64(k) {
 			delete(f.stored, id)
 		}
+	}
+	// A Go map keeps its buckets after deletes: once the index has
+	// fallen to half its peak (sweeps after a burst), it is copied into
+	// a map of its size, so that its memory follows the keys down. The
+	// copy costs no more than the deletes that led to it.
+	if f.peak >= minShrink && len(f.stored) < f.peak/2 {
+		m := make(map[string]uint64, len(f.stored))
+		for id, exp := range f.stored {
+			m[id] = exp
+		}
+		f.stored, f.peak = m, len(m)
 	}
 }
 
@@ -203,7 +226,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 		return err
 	}
 	delete(f.m, c.ID)
-	f.stored[c.ID] = exp
+	f.index(c.ID, exp)
 	return nil
 }
 

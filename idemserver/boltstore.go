@@ -57,7 +57,7 @@ type BoltOptions struct {
 // whatever their keys; the store finds a key's record through an index
 // in memory that Open builds by reading every stored key (not the
 // responses): about 120 bytes of memory per stored key of the
-// middleware (64-byte ids).
+// middleware (64-byte ids), given back as sweeps delete the keys.
 type BoltStore struct {
 	f       *boltfile.File
 	w       *groupcommit.Writer[*bolt.Tx]
