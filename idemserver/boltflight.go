@@ -143,6 +143,15 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	} else if s.f.Broken() {
 		// Fail closed: the answer could not be stored.
 		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
+	} else if s.gone.Load() {
+		// A commit found the path naming another file, or none: every
+		// commit fails until it names the store's again, and a handler
+		// run meanwhile would run again at each retry, its answer never
+		// stored. Fail closed until then.
+		if err := s.f.StillNamed(); err != nil {
+			return Claim{}, fmt.Errorf("idemserver: begin %s: %w", b.ID, err)
+		}
+		s.gone.Store(false)
 	}
 	if f.m == nil {
 		f.m = make(map[string]*flight)

@@ -62,7 +62,8 @@ type BoltStore struct {
 	f       *boltfile.File
 	w       *groupcommit.Writer[*bolt.Tx]
 	closed  atomic.Bool
-	flights flights // the keys in flight and the index of stored keys
+	gone    atomic.Bool // a commit failed with the path no longer naming the file
+	flights flights     // the keys in flight and the index of stored keys
 }
 
 var _ Store = (*BoltStore)(nil)
@@ -94,9 +95,10 @@ var (
 // path that is a symbolic link is followed and stays one; a file of at
 // least 16 MiB that is more than half free pages (after a burst whose
 // responses have expired) is compacted at Open. Every commit first checks
-// that the path still names the open file, and every transaction that the
-// file has not gone back to an older copy (idem.ErrJournalCorrupt); Close reports
-// both.
+// that the path still names the open file (once one found it does not,
+// a Begin that would run a handler fails too, until it does again), and
+// every transaction that the file has not gone back to an older copy
+// (idem.ErrJournalCorrupt); Close reports both.
 //
 // A file of the previous release's format (records by key) is converted
 // to this one at Open, in one transaction; the previous release refuses a
@@ -159,6 +161,12 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 		return ErrClosed
 	}
 	err := s.w.Do(ctx, fn)
+	if err != nil && errors.Is(err, idem.ErrJournalWrite) && s.f.StillNamed() != nil {
+		// Removed or renamed over: a new key's Begin, which reads no
+		// transaction, must not hand out keys whose answers cannot be
+		// stored (see Begin).
+		s.gone.Store(true)
+	}
 	switch {
 	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrJournalWrite):
 		return err
