@@ -14,7 +14,7 @@ import (
 
 // TestBoltStoreReplacedRunsOnce: a new key's Begin opens no transaction,
 // so a file replaced under the running store (renamed over, or
-// overwritten in place with an older copy) is found at the key's
+// overwritten in place with an older copy, truncated) is found at the key's
 // Complete, after its handler ran. The answer is then withheld, and the
 // key must not be handed out again when its lease lapses: its handler
 // would run a second time, and the second answer could not be stored
@@ -30,6 +30,9 @@ func TestBoltStoreReplacedRunsOnce(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, s.Close())
 			require.NoError(t, os.Rename(other, path))
+		}},
+		{"truncated", func(t *testing.T, path string, _ []byte) {
+			require.NoError(t, os.Truncate(path, 0))
 		}},
 		{"older copy in place", func(t *testing.T, path string, older []byte) {
 			f, err := os.OpenFile(path, os.O_WRONLY, 0)
