@@ -1,6 +1,7 @@
 package idemserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -231,12 +232,29 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
-		fl.completing = false
-		return err
+		if !s.holds(key, v) {
+			fl.completing = false
+			return err
+		}
+		// The commit failed after its meta page was written (an fsync
+		// that failed): the file, as this process reads it, holds the
+		// record, so a retry must get it, not run the handler again.
+		// The answer is still withheld: it may not be durable.
 	}
 	delete(f.m, c.ID)
 	f.index(c.ID, exp)
-	return nil
+	return err
+}
+
+// holds reports whether the file holds the value v under key: after a
+// commit that failed, whether it took effect all the same.
+func (s *BoltStore) holds(key, v []byte) bool {
+	found := false
+	err := s.f.View(func(tx *bolt.Tx) error {
+		found = bytes.Equal(tx.Bucket(bucketRecords).Get(key), v)
+		return nil
+	})
+	return err == nil && found
 }
 
 // putRecord stores the record v under key, after deleting the one under

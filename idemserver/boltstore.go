@@ -49,7 +49,10 @@ type BoltOptions struct {
 // the dead process can still be running, so the next request with such a
 // key runs its handler, as it would after a lapsed lease (see Step). A
 // commit that fails returns an error matching idem.ErrJournalWrite and changes
-// nothing. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
+// nothing, unless the file shows it took effect all the same (an fsync
+// that failed after bbolt wrote its meta page): Complete still returns
+// the error, but the key is answered from the record the file holds, not
+// run again. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
 // never a panic and never a replay.
 //
 // Stored responses are kept in the file in the order they expire, so that
