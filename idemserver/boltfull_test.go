@@ -45,7 +45,7 @@ func TestBoltIndexAfterFailedCommit(t *testing.T) {
 	if err := s.Complete(ctx, Completion{ID: "old", Token: c.Token, Response: small, Now: t0, Until: t0.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	oldExp := s.flights.stored["old"]
+	oldExp, _ := s.flights.lookup("old")
 
 	// Two keys claimed at t0+2h, "old"'s record expired and not swept.
 	now := t0.Add(2 * time.Hour)
@@ -90,8 +90,8 @@ func TestBoltIndexAfterFailedCommit(t *testing.T) {
 
 	// Nothing changed: the index as the file says.
 	s.flights.mu.Lock()
-	_, hasNew := s.flights.stored["new"]
-	gotOld := s.flights.stored["old"]
+	_, hasNew := s.flights.lookup("new")
+	gotOld, _ := s.flights.lookup("old")
 	s.flights.mu.Unlock()
 	if hasNew || gotOld != oldExp {
 		t.Errorf("index after the failed commits: new %v, old at %d; want none, old at %d", hasNew, gotOld, oldExp)

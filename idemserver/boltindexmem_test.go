@@ -65,7 +65,7 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 	}
 	defer s.Close()
 	peak := heapInUse()
-	if got := len(s.flights.stored); got != n {
+	if got := s.flights.indexed(); got != n {
 		t.Fatalf("index holds %d keys, want %d", got, n)
 	}
 	swept, err := s.Sweep(context.Background(), t0.Add(time.Minute))
@@ -73,7 +73,7 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 		t.Fatalf("Sweep: %d, %v; want %d", swept, err, n-n/10)
 	}
 	after := heapInUse()
-	if got := len(s.flights.stored); got != n/10 {
+	if got := s.flights.indexed(); got != n/10 {
 		t.Fatalf("index holds %d keys after the sweep, want %d", got, n/10)
 	}
 	peakPer := float64(peak-base) / n
@@ -86,4 +86,65 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 		t.Errorf("after sweeping 9 in 10 keys the index still takes %d bytes, %d at its peak: it does not shrink", after-base, peak-base)
 	}
 	runtime.KeepAlive(s)
+}
+
+// TestBoltIndexDrain checks the index against a plain map while it is
+// rebuilt smaller step by step: keys forgotten, replaced and added, in
+// the old map or the new, must read as the plain map says, and the old
+// map must go once drained.
+func TestBoltIndexDrain(t *testing.T) {
+	const n = 20000
+	f := &flights{stored: map[string]uint64{}}
+	ref := map[string]uint64{}
+	id := func(i int) string { return fmt.Sprintf("k%05d", i) }
+	for i := range n {
+		f.index(id(i), uint64(i))
+		ref[id(i)] = uint64(i)
+	}
+	check := func(when string) {
+		t.Helper()
+		if f.indexed() != len(ref) {
+			t.Fatalf("%s: index holds %d keys, want %d", when, f.indexed(), len(ref))
+		}
+		for i := range n + 100 {
+			got, ok := f.lookup(id(i))
+			want, wok := ref[id(i)]
+			if ok != wok || got != want {
+				t.Fatalf("%s: %s is %d %v, want %d %v", when, id(i), got, ok, want, wok)
+			}
+		}
+	}
+	drained := false
+	for round := 0; round < n/1000; round++ {
+		// Forget 1000 keys, one with a stale expiry (kept), ...
+		var gone [][]byte
+		for i := round * 1000; i < (round+1)*1000; i++ {
+			exp := uint64(i)
+			if i%100 == 7 {
+				exp++ // a record the index no longer names
+			}
+			if ref[id(i)] == exp {
+				delete(ref, id(i))
+			}
+			gone = append(gone, recordKey(exp, id(i)))
+		}
+		f.forget(gone)
+		// ... replace a key not forgotten yet and add one.
+		if j := (round+2)*1000 + 3; j < n {
+			f.index(id(j), uint64(j)+n)
+			ref[id(j)] = uint64(j) + n
+		}
+		f.index(id(n+round), 1)
+		ref[id(n+round)] = 1
+		if f.draining != nil {
+			drained = true
+		}
+		check(fmt.Sprintf("round %d", round))
+	}
+	if !drained {
+		t.Fatal("the index was never rebuilt")
+	}
+	if f.draining != nil {
+		t.Errorf("the old map is still held, with %d keys", len(f.draining))
+	}
 }

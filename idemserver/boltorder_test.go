@@ -114,7 +114,7 @@ func TestBoltExpiryOrderEdges(t *testing.T) {
 		t.Fatalf("Sweep at +3h: %d, %v; want 1", n, err)
 	}
 	s.flights.mu.Lock()
-	left := len(s.flights.stored)
+	left := s.flights.indexed()
 	s.flights.mu.Unlock()
 	if left != 0 {
 		t.Errorf("index holds %d keys after every record was swept", left)

@@ -55,7 +55,7 @@ func TestBoltSweepRacesComplete(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.flights.mu.Lock()
-		_, inIndex := s.flights.stored[id]
+		_, inIndex := s.flights.lookup(id)
 		s.flights.mu.Unlock()
 		if inIndex != inFile {
 			if !inIndex {
@@ -68,7 +68,7 @@ func TestBoltSweepRacesComplete(t *testing.T) {
 		}
 	}
 	s.flights.mu.Lock()
-	left := len(s.flights.stored)
+	left := s.flights.indexed()
 	s.flights.mu.Unlock()
 	if stale > 0 || left > 0 {
 		t.Errorf("%d of 200 keys left in the index after their records were swept (%d left at the end)", stale, left)
