@@ -179,10 +179,12 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		if err != nil || c.State != 0 {
 			return c, err
 		}
-	} else if s.f.Broken() {
+	}
+	if s.f.Broken() {
 		// Fail closed: the answer could not be stored.
 		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
-	} else if s.gone.Load() {
+	}
+	if s.gone.Load() {
 		// A commit found the path naming another file, or none: every
 		// commit fails until it names the store's again, and a handler
 		// run meanwhile would run again at each retry, its answer never
