@@ -1,6 +1,7 @@
 package idemserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -22,7 +23,61 @@ type flights struct {
 	mu     sync.Mutex
 	tokens atomic.Uint64 // the last token given
 	m      map[string]*flight
-	stored map[string]uint64 // id -> expiry of its record (see expiresAt); changed after commits only
+	// The index of stored keys: id -> expiry of its record (see
+	// expiresAt); changed after commits only. An id is in stored or in
+	// draining, never both.
+	stored   map[string]uint64
+	draining map[string]uint64 // an earlier stored, moved into stored a step at a time
+	peak     int               // the most keys the index held since stored was made
+}
+
+// The index is rebuilt smaller once it has fallen under half its peak,
+// if that peak was at least minShrink keys: a Go map keeps its buckets
+// after deletes. The keys move into the new map drainStep at a time per
+// sweep transaction (and a few per Complete), so that no request waits
+// behind a copy of the whole index.
+const (
+	minShrink  = 1024
+	drainStep  = 4096
+	drainOnAdd = 8
+)
+
+// lookup returns the expiry of id's record in the index; f.mu must be
+// held.
+func (f *flights) lookup(id string) (uint64, bool) {
+	if exp, ok := f.stored[id]; ok {
+		return exp, ok
+	}
+	exp, ok := f.draining[id]
+	return exp, ok
+}
+
+// indexed returns how many keys the index holds; f.mu must be held.
+func (f *flights) indexed() int { return len(f.stored) + len(f.draining) }
+
+// index records that id's record, expiring at exp, entered the index;
+// f.mu must be held.
+func (f *flights) index(id string, exp uint64) {
+	if f.draining != nil {
+		delete(f.draining, id)
+		f.drain(drainOnAdd)
+	}
+	f.stored[id] = exp
+	f.peak = max(f.peak, f.indexed())
+}
+
+// drain moves up to n keys from draining into stored, and lets draining
+// go once it is empty; f.mu must be held.
+func (f *flights) drain(n int) {
+	for id, exp := range f.draining {
+		if n == 0 {
+			return
+		}
+		f.stored[id] = exp
+		delete(f.draining, id)
+		n--
+	}
+	f.draining = nil
 }
 
 // forget takes the records of the keys gone (records bucket keys) out of
@@ -35,9 +90,16 @@ func (f *flights) forget(gone [][]byte) {
 			continue
 		}
 		id := string(k[8:])
-		if exp, ok := f.stored[id]; ok && exp == binary.BigEndian.Uint64(k) {
+		if exp, ok := f.lookup(id); ok && exp == binary.BigEndian.Uint64(k) {
 			delete(f.stored, id)
+			delete(f.draining, id)
 		}
+	}
+	if f.draining == nil && f.peak >= minShrink && len(f.stored) < f.peak/2 {
+		f.draining, f.stored, f.peak = f.stored, make(map[string]uint64, len(f.stored)), len(f.stored)
+	}
+	if f.draining != nil {
+		f.drain(drainStep)
 	}
 }
 
@@ -100,7 +162,7 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	// Read under f.mu: a Complete deletes its flight only after its
 	// record committed and entered the index, so this sees every record
 	// whose flight is gone. A key without a live record needs no read.
-	if exp, ok := f.stored[b.ID]; ok && exp > expiresAt(b.Now) {
+	if exp, ok := f.lookup(b.ID); ok && exp > expiresAt(b.Now) {
 		var c Claim
 		err := s.read(func(tx *bolt.Tx) error {
 			r, err := get(tx, b.ID, exp)
@@ -117,9 +179,20 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		if err != nil || c.State != 0 {
 			return c, err
 		}
-	} else if s.f.Broken() {
+	}
+	if s.f.Broken() {
 		// Fail closed: the answer could not be stored.
 		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
+	}
+	if s.gone.Load() {
+		// A commit found the path naming another file, or none: every
+		// commit fails until it names the store's again, and a handler
+		// run meanwhile would run again at each retry, its answer never
+		// stored. Fail closed until then.
+		if err := s.f.StillNamed(); err != nil {
+			return Claim{}, fmt.Errorf("idemserver: begin %s: %w", b.ID, err)
+		}
+		s.gone.Store(false)
 	}
 	if f.m == nil {
 		f.m = make(map[string]*flight)
@@ -182,7 +255,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if err == nil {
 		fl.completing = true
 	}
-	old, hadOld := f.stored[c.ID] // an expired record not swept yet
+	old, hadOld := f.lookup(c.ID) // an expired record not swept yet
 	f.mu.Unlock()
 	if err != nil {
 		return err
@@ -199,12 +272,29 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
-		fl.completing = false
-		return err
+		if !s.holds(key, v) {
+			fl.completing = false
+			return err
+		}
+		// The commit failed after its meta page was written (an fsync
+		// that failed): the file, as this process reads it, holds the
+		// record, so a retry must get it, not run the handler again.
+		// The answer is still withheld: it may not be durable.
 	}
 	delete(f.m, c.ID)
-	f.stored[c.ID] = exp
-	return nil
+	f.index(c.ID, exp)
+	return err
+}
+
+// holds reports whether the file holds the value v under key: after a
+// commit that failed, whether it took effect all the same.
+func (s *BoltStore) holds(key, v []byte) bool {
+	found := false
+	err := s.f.View(func(tx *bolt.Tx) error {
+		found = bytes.Equal(tx.Bucket(bucketRecords).Get(key), v)
+		return nil
+	})
+	return err == nil && found
 }
 
 // putRecord stores the record v under key, after deleting the one under

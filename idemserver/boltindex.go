@@ -37,7 +37,7 @@ func (s *BoltStore) load() error {
 			// (there is none, unless the file was damaged) wins.
 			stored[string(k[8:])] = binary.BigEndian.Uint64(k)
 		}
-		s.flights.stored = stored
+		s.flights.stored, s.flights.peak = stored, len(stored)
 		return nil
 	})
 }

@@ -76,7 +76,7 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.flights.mu.Lock()
-		got := len(s.flights.stored)
+		got := s.flights.indexed()
 		s.flights.mu.Unlock()
 		if got != workers*keys {
 			t.Errorf("index holds %d keys, want %d", got, workers*keys)
@@ -106,7 +106,7 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 	if err != nil || n != workers*keys {
 		t.Fatalf("Sweep at +2h: %d, %v; want %d", n, err, workers*keys)
 	}
-	if len(s.flights.stored) != 0 {
-		t.Errorf("index holds %d keys after the last sweep, want 0", len(s.flights.stored))
+	if s.flights.indexed() != 0 {
+		t.Errorf("index holds %d keys after the last sweep, want 0", s.flights.indexed())
 	}
 }

@@ -49,7 +49,10 @@ type BoltOptions struct {
 // the dead process can still be running, so the next request with such a
 // key runs its handler, as it would after a lapsed lease (see Step). A
 // commit that fails returns an error matching idem.ErrJournalWrite and changes
-// nothing. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
+// nothing, unless the file shows it took effect all the same (an fsync
+// that failed after bbolt wrote its meta page): Complete still returns
+// the error, but the key is answered from the record the file holds, not
+// run again. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
 // never a panic and never a replay.
 //
 // Stored responses are kept in the file in the order they expire, so that
@@ -57,12 +60,13 @@ type BoltOptions struct {
 // whatever their keys; the store finds a key's record through an index
 // in memory that Open builds by reading every stored key (not the
 // responses): about 120 bytes of memory per stored key of the
-// middleware (64-byte ids).
+// middleware (64-byte ids), given back as sweeps delete the keys.
 type BoltStore struct {
 	f       *boltfile.File
 	w       *groupcommit.Writer[*bolt.Tx]
 	closed  atomic.Bool
-	flights flights // the keys in flight and the index of stored keys
+	gone    atomic.Bool // a commit failed with the path no longer naming the file
+	flights flights     // the keys in flight and the index of stored keys
 }
 
 var _ Store = (*BoltStore)(nil)
@@ -94,9 +98,10 @@ var (
 // path that is a symbolic link is followed and stays one; a file of at
 // least 16 MiB that is more than half free pages (after a burst whose
 // responses have expired) is compacted at Open. Every commit first checks
-// that the path still names the open file, and every transaction that the
-// file has not gone back to an older copy (idem.ErrJournalCorrupt); Close reports
-// both.
+// that the path still names the open file (once one found it does not,
+// a Begin that would run a handler fails too, until it does again), and
+// every transaction that the file has not gone back to an older copy
+// (idem.ErrJournalCorrupt); Close reports both.
 //
 // A file of the previous release's format (records by key) is converted
 // to this one at Open, in one transaction; the previous release refuses a
@@ -159,6 +164,12 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 		return ErrClosed
 	}
 	err := s.w.Do(ctx, fn)
+	if err != nil && errors.Is(err, idem.ErrJournalWrite) && s.f.StillNamed() != nil {
+		// Removed or renamed over: a new key's Begin, which reads no
+		// transaction, must not hand out keys whose answers cannot be
+		// stored (see Begin).
+		s.gone.Store(true)
+	}
 	switch {
 	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrJournalWrite):
 		return err

@@ -1,0 +1,64 @@
+package idemserver
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/groupcommit"
+)
+
+// TestBoltCommitFailedAfterWrite: a bbolt commit whose meta page was
+// written but whose fdatasync failed returns an error, yet the file, as
+// this process reads it, holds the transaction. Complete then reports
+// the failure (the answer is withheld), but the index must still say
+// what the file holds: a key missing from it would run its handler
+// again after its lease, and store a second record of one id.
+func TestBoltCommitFailedAfterWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s, err := OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// The writer commits, then reports a failed sync when told to.
+	var failSync atomic.Bool
+	errSync := errors.New("fdatasync: input/output error")
+	_ = s.w.Close()
+	s.w = groupcommit.New(func(fn func(*bolt.Tx) error) error {
+		err := s.f.Update(fn)
+		if err == nil && failSync.Load() {
+			return errSync
+		}
+		return err
+	}, groupcommit.Options{Recover: s.f.Corrupt})
+
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	c, err := s.Begin(ctx, Begin{ID: "k", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	if err != nil || c.State != StateAcquired {
+		t.Fatalf("Begin: %v %v", c.State, err)
+	}
+	failSync.Store(true)
+	err = s.Complete(ctx, Completion{ID: "k", Token: c.Token, Response: &Response{Status: 201, Body: []byte("first")}, Now: t0, Until: t0.Add(time.Hour)})
+	if !errors.Is(err, idem.ErrJournalWrite) {
+		t.Fatalf("Complete: %v, want ErrJournalWrite", err)
+	}
+	failSync.Store(false)
+
+	// The lease lapsed; the client retries.
+	now := t0.Add(2 * time.Minute)
+	c, err = s.Begin(ctx, Begin{ID: "k", Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != StateDone || string(c.Response.Body) != "first" {
+		t.Fatalf("retry after the lease: %v, want done with the stored answer (the file holds it): the handler would run again", c.State)
+	}
+}
