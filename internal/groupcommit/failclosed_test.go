@@ -157,3 +157,56 @@ func TestManyCallersFailingCommits(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseRacesRetries closes writers while the timer retries functions
+// of Go whose commits fail half the time: Close waits for a retry under
+// way and makes the last attempt itself, so each function is committed
+// at most once, all of them when Close returns nil, and Do, Go and Sync
+// after Close return ErrClosed.
+func TestCloseRacesRetries(t *testing.T) {
+	for round := range 200 {
+		db := newFakeDB()
+		r := rand.New(rand.NewPCG(uint64(round), 3))
+		var rmu sync.Mutex
+		db.fail = func() error {
+			rmu.Lock()
+			defer rmu.Unlock()
+			if r.IntN(2) == 0 {
+				return errors.New("no space left on device")
+			}
+			return nil
+		}
+		w := New(db.update, Options{MaxGroup: 2, AsyncDelay: time.Duration(round%3) * time.Microsecond, MaxRetryDelay: 20 * time.Microsecond})
+		const n = 5
+		for i := range n {
+			if err := w.Go(put(fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rmu.Lock()
+		wait := time.Duration(r.IntN(100)) * time.Microsecond
+		rmu.Unlock()
+		time.Sleep(wait)
+		err := w.Close()
+		if err2 := w.Go(put("late")); !errors.Is(err2, ErrClosed) {
+			t.Fatalf("Go after Close: %v", err2)
+		}
+		if err2 := w.Do(t.Context(), put("late")); !errors.Is(err2, ErrClosed) {
+			t.Fatalf("Do after Close: %v", err2)
+		}
+		if err2 := w.Sync(t.Context()); !errors.Is(err2, ErrClosed) {
+			t.Fatalf("Sync after Close: %v", err2)
+		}
+		db.mu.Lock()
+		for i := range n {
+			got := db.data[fmt.Sprint(i)]
+			if got > 1 || err == nil && got != 1 {
+				t.Fatalf("round %d: %d committed %d times, Close: %v", round, i, got, err)
+			}
+		}
+		if db.data["late"] != 0 {
+			t.Fatalf("round %d: a change after Close was committed", round)
+		}
+		db.mu.Unlock()
+	}
+}
