@@ -90,10 +90,12 @@ func (w *Writer[T]) handOffLocked() {
 // armLocked arms the timer that leads a commit of the functions queued by
 // Go when no Do comes to carry them: after the async delay, or after the
 // retry delay when the last commit failed, or at once when the delay is
-// over, the queue is full, or AsyncDelay is negative. An armed timer that
-// is not to fire at once is left as it is. w.mu is held, and nobody leads.
+// over, or the queue is full or AsyncDelay negative and the last commit
+// did not fail (what a failed commit kept may fill a group: it waits for
+// the retry delay too). An armed timer that is not to fire at once is
+// left as it is. w.mu is held, and nobody leads.
 func (w *Writer[T]) armLocked() {
-	now := w.due || len(w.queue) >= w.maxGroup || (w.fails == 0 && w.asyncDelay < 0)
+	now := w.due || (w.fails == 0 && (len(w.queue) >= w.maxGroup || w.asyncDelay < 0))
 	if w.armed && !now {
 		return
 	}

@@ -181,7 +181,9 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 // durable. If no commit is running, fn's group is committed on the
 // calling goroutine. If ctx ends while fn is still queued, fn is dropped
 // and Do returns the context's cause; once fn's group has started, or its
-// caller was chosen to lead it, Do waits for it.
+// caller was chosen to lead it, Do waits for it. A Do that leads and
+// finds a commit ahead of its function fail and keep functions of Go
+// returns that commit's error without running fn.
 func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
@@ -233,8 +235,19 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 // result. w.mu is held, and unlocked on return.
 func (w *Writer[T]) leadFor(it *item[T]) error {
 	w.self, w.selfDone = it, false
+	dropped := false
 	for !w.selfDone {
+		failN := w.failN
 		w.commitLocked()
+		if !w.selfDone && w.failN != failN {
+			// A group ahead of it failed to commit and kept functions of
+			// Go, which head every group until a commit succeeds: rather
+			// than retry them at once, for as long as the disk refuses,
+			// fail closed, as its group would have. It stays queued,
+			// cancelled, as an item whose context ended.
+			it.state.Store(cancelled)
+			w.selfErr, w.selfDone, dropped = w.failErr, true, true
+		}
 	}
 	err := w.selfErr
 	w.self, w.selfErr = nil, nil
@@ -242,8 +255,10 @@ func (w *Writer[T]) leadFor(it *item[T]) error {
 	p := w.panicked
 	w.panicked = nil
 	w.mu.Unlock()
-	it.fn = nil
-	w.items.Put(it)
+	if !dropped {
+		it.fn = nil
+		w.items.Put(it)
+	}
 	if p != nil {
 		panic(p)
 	}

@@ -22,6 +22,7 @@ type fakeDB struct {
 	data      map[string]int
 	groups    [][]string    // names written by each committed transaction
 	failOn    map[int]error // commit number (from 1) -> its error
+	fail      func() error  // if set, the error of a commit, or nil
 	gate      chan struct{}
 	entered   chan struct{}
 	callCount int
@@ -51,6 +52,11 @@ func (db *fakeDB) update(fn func(*fakeTx) error) error {
 	defer db.mu.Unlock()
 	if err := db.failOn[db.callCount]; err != nil {
 		return err
+	}
+	if db.fail != nil {
+		if err := db.fail(); err != nil {
+			return err
+		}
 	}
 	for _, w := range tx.writes {
 		db.data[w]++
