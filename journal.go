@@ -311,3 +311,30 @@ func (j *journal) stopRenewal() {
 		j.renewT.Stop()
 	}
 }
+
+// unjournaled is a store's error about a key that was never journaled: its
+// text does not show the key, which no caller could use, while errors.Is
+// and errors.As still see the error.
+type unjournaled struct {
+	err error
+	key string
+}
+
+func (u unjournaled) Error() string {
+	if u.key == "" {
+		return u.err.Error()
+	}
+	return strings.ReplaceAll(u.err.Error(), u.key, "(unjournaled key)")
+}
+
+func (u unjournaled) Unwrap() error { return u.err }
+
+// journalCause returns the sentinel a store error matches, for Error.Cause.
+func journalCause(err error) error {
+	for _, s := range []error{ErrInvalidKey, ErrClosed, ErrOutcomeUnknown, ErrJournalCorrupt, ErrRecordVersion, ErrJournalLocked, ErrJournalWrite, ErrNotFound} {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	return ErrJournalWrite
+}
