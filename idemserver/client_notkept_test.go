@@ -1,0 +1,92 @@
+package idemserver_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemserver"
+)
+
+// dropFirst is a base RoundTripper that serves requests with h in
+// process and loses the first answer on the way back, after h ran, as a
+// connection cut after the server answered.
+type dropFirst struct {
+	h     http.Handler
+	calls atomic.Int32
+}
+
+func (d *dropFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	w := httptest.NewRecorder()
+	d.h.ServeHTTP(w, r)
+	if r.Body != nil {
+		r.Body.Close()
+	}
+	if d.calls.Add(1) == 1 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	resp := w.Result()
+	resp.Request = r
+	return resp, nil
+}
+
+// TestClientRecordsNotKeptAsPerformed: idem's client calls idemserver's
+// middleware in front of a handler whose answer is too large to keep; the
+// first answer is lost, so the retry under the same key gets 409
+// ProblemNotKept. The handler ran once, the caller gets the 409 with its
+// body, and the client's journal records what the server says happened:
+// finished, performed, with the original status (a 2xx: succeeded), never
+// "failed 409", which an operator would read as "not charged".
+func TestClientRecordsNotKeptAsPerformed(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		original int
+		state    idem.State
+		text     string
+	}{
+		{"201", http.StatusCreated, idem.StateSucceeded, "performed by server, answer not kept (original status 201)"},
+		{"402", http.StatusPaymentRequired, idem.StateFailed, "performed by server, answer not kept (original status 402)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var runs atomic.Int32
+			h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					runs.Add(1)
+					io.Copy(io.Discard, r.Body)
+					w.WriteHeader(tt.original)
+					io.WriteString(w, strings.Repeat("charged ", 8)) // over 16 bytes: not kept
+				}))
+			store := idem.NewMemoryStore()
+			c := idem.New(store, idem.WithBaseTransport(&dropFirst{h: h}),
+				idem.WithBackoff(time.Millisecond, time.Millisecond), idem.WithMaxAttempts(4))
+			defer c.Close()
+			ctx := idem.WithKey(context.Background(), "k-notkept")
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://pay.test/v1/charges", strings.NewReader(`{"amount":1}`))
+			require.NoError(t, err)
+			resp, err := c.HTTPClient().Do(req)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			resp.Body.Close()
+
+			assert.EqualValues(t, 1, runs.Load(), "the handler ran once")
+			assert.Equal(t, http.StatusConflict, resp.StatusCode, "the caller gets the honest answer")
+			assert.Contains(t, string(body), idemserver.ProblemNotKept, "its body intact")
+			op, err := store.Get(context.Background(), "k-notkept")
+			require.NoError(t, err)
+			assert.Equal(t, tt.state, op.State)
+			assert.Equal(t, tt.original, op.LastStatus)
+			assert.Equal(t, tt.text, op.LastError)
+			assert.Equal(t, 2, op.Attempts, "not sent again after the 409")
+		})
+	}
+}
