@@ -480,16 +480,12 @@ func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 
 // answered returns the state the answer resp, delivered, leaves the
 // operation in once its caller has read it: pending when it leaves it in
-// doubt (a 401, 403 or 407 to a resend, a 409 "in progress"), the state of
-// notKeptOutcome for a 409 saying the request was performed, else
+// doubt (a 401, 403 or 407 to a resend, a 409 "in progress"), else
 // succeeded or failed.
 func (o *operation) answered(resp *http.Response) State {
 	switch {
 	case o.doubtful:
 		return StatePending
-	case o.notKept:
-		state, _, _ := notKeptOutcome(o.original)
-		return state
 	case resp.StatusCode < 400:
 		return StateSucceeded
 	}

@@ -90,3 +90,48 @@ func TestClientRecordsNotKeptAsPerformed(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeRecordsNotKeptAsPerformed: the call's only attempt lost the
+// answer, so the operation stays in doubt; Resume sends it again, gets
+// 409 ProblemNotKept, and both its handler and the journal see it
+// performed with the original status, the handler not run again.
+func TestResumeRecordsNotKeptAsPerformed(t *testing.T) {
+	var runs atomic.Int32
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, strings.Repeat("charged ", 8))
+		}))
+	store := idem.NewMemoryStore()
+	c := idem.New(store, idem.WithBaseTransport(&dropFirst{h: h}), idem.WithMaxAttempts(1))
+	defer c.Close()
+	ctx := idem.WithKey(context.Background(), "k-resumed")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://pay.test/v1/charges", strings.NewReader(`{"amount":1}`))
+	require.NoError(t, err)
+	_, err = c.HTTPClient().Do(req)
+	require.Error(t, err, "the answer was lost")
+	op, err := store.Get(context.Background(), "k-resumed")
+	require.NoError(t, err)
+	require.Equal(t, idem.StatePending, op.State)
+
+	var got []idem.Operation
+	require.NoError(t, c.Resume(context.Background(), func(op idem.Operation, resp *http.Response, err error) {
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusConflict, resp.StatusCode)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Contains(t, string(body), idemserver.ProblemNotKept)
+		got = append(got, op)
+	}))
+	require.Len(t, got, 1)
+	assert.Equal(t, idem.StateSucceeded, got[0].State)
+	assert.Equal(t, http.StatusCreated, got[0].LastStatus)
+	assert.EqualValues(t, 1, runs.Load(), "the handler ran once")
+	op, err = store.Get(context.Background(), "k-resumed")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, op.State)
+	assert.Equal(t, http.StatusCreated, op.LastStatus)
+	assert.Equal(t, "performed by server, answer not kept (original status 201)", op.LastError)
+}
