@@ -135,3 +135,47 @@ func TestResumeRecordsNotKeptAsPerformed(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, op.LastStatus)
 	assert.Equal(t, "performed by server, answer not kept (original status 201)", op.LastError)
 }
+
+// TestClientRecordsHijackedAsPerformed: a handler that hijacked its
+// connection and closed it without an answer the client could read; the
+// retries under the key get 409 ProblemNotKept without original_status.
+// The journal records it failed with 409, its text saying the request was
+// performed and its status unknown, and the handler ran once.
+func TestClientRecordsHijackedAsPerformed(t *testing.T) {
+	var runs atomic.Int32
+	h := idemserver.New(idemserver.NewMemoryStore()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		io.Copy(io.Discard, r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close() // performed; the answer went some other way
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	store := idem.NewMemoryStore()
+	// The not-kept record is written once the handler returned, so a
+	// retry may first get 409 in progress: Retry-After is capped to 1ms,
+	// and attempts are bounded.
+	c := idem.New(store, idem.WithBaseTransport(&http.Transport{DisableKeepAlives: true}),
+		idem.WithRetryPolicy(idem.RetryPolicy{MaxAttempts: 50, Initial: time.Millisecond, Max: time.Millisecond, RetryAfterCap: time.Millisecond}))
+	defer c.Close()
+	ctx := idem.WithKey(context.Background(), "k-hijacked")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"amount":1}`))
+	require.NoError(t, err)
+	resp, err := c.HTTPClient().Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	require.Contains(t, string(body), idemserver.ProblemNotKept)
+	assert.NotContains(t, string(body), "original_status")
+	assert.EqualValues(t, 1, runs.Load(), "the handler ran once")
+	op, err := store.Get(context.Background(), "k-hijacked")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateFailed, op.State)
+	assert.Equal(t, http.StatusConflict, op.LastStatus)
+	assert.Equal(t, "performed by server, answer not kept (status unknown)", op.LastError)
+}
