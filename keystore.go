@@ -17,11 +17,15 @@ const (
 	// known to the caller yet: it may be in flight, or the process died, or
 	// the last attempt ended in an error without a response ("in doubt").
 	StatePending State = 1
-	// StateSucceeded means the caller received a 2xx or 3xx response.
+	// StateSucceeded means the caller received a 2xx or 3xx response, or a
+	// 409 saying the server performed the request with a 2xx it did not
+	// keep (idemserver's ProblemNotKept; LastError says so).
 	StateSucceeded State = 2
 	// StateFailed means the caller received a final non-success response (a
-	// permanent 4xx, or the last transient response when attempts ran out),
-	// or the request was never sent.
+	// permanent 4xx, or the last transient response when attempts ran out,
+	// or a 409 saying the server performed the request and did not keep an
+	// answer that was not a 2xx, LastError saying so), or the request was
+	// never sent.
 	StateFailed State = 3
 	// StateExpired means the operation stayed pending past the resend window
 	// and was given up without being sent again.
@@ -78,9 +82,13 @@ type Operation struct {
 	// Attempts counts the requests written under this key, over all
 	// processes.
 	Attempts int
-	// LastStatus is the HTTP status of the last response, or 0 if none.
+	// LastStatus is the HTTP status of the last response, or 0 if none;
+	// for a request performed without its answer kept, the status the
+	// server first sent (409 when it did not say).
 	LastStatus int
-	// LastError is the text of the last error without a response, or "".
+	// LastError is the text of the last error without a response, or "";
+	// for a request performed without its answer kept, what Outcome.Err
+	// says.
 	LastError string
 	// Created is when the operation was first journaled; Updated is when
 	// its record last changed.
@@ -166,6 +174,10 @@ type Outcome struct {
 	// Status is the HTTP status of the last response, or 0 when none came.
 	Status int
 	// Err is the text of the error when there was no response, or "".
+	// For a request the server performed without keeping its answer (a
+	// 409 idemserver ProblemNotKept), it says so, with any State: "performed
+	// by server, answer not kept (original status 201)", Status being the
+	// original status (409 when unknown).
 	Err string
 	// Sent counts the requests written that no Attempt recorded (0 when the
 	// last request was recorded, or nothing was sent). It is never

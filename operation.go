@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,8 @@ type operation struct {
 	settledAs  State // the state settle recorded, or 0
 	hooks      hookSet
 	doubtful   bool                  // the answer delivered leaves it in doubt
+	notKept    bool                  // the answer is a 409 saying it was performed, answer not kept
+	original   int                   // then, the status the server first sent, or 0
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	ctx        tracedCtx             // the requests' context, with trace
@@ -317,15 +320,21 @@ func (o *operation) end(fn func()) {
 }
 
 // settle records that the caller received resp's answer: a success, or a
-// final failure (permanent, or transient with no attempts left).
+// final failure (permanent, or transient with no attempts left), or a 409
+// saying the server performed the request and kept no answer (performed),
+// which records what the server says happened (see notKeptOutcome).
 func (o *operation) settle(v verdict, status int) {
 	o.end(func() {
 		state := StateFailed
 		if v == success {
 			state = StateSucceeded
 		}
-		o.settledAs = state
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
+		if v == performed {
+			out.State, out.Status, out.Err = notKeptOutcome(o.original)
+			state = out.State
+		}
+		o.settledAs = state
 		if err := o.j.finish(context.Background(), &o.rec, out); err != nil {
 			// The journal still holds the operation as pending: no Settled.
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteFinish, err)
@@ -453,6 +462,9 @@ func (o *operation) settledMeanwhile() bool {
 // Resume or a re-drive, never failed.
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	o.status = resp.StatusCode
+	if v == performed {
+		o.notKept, o.original = true, notKeptStatus(resp)
+	}
 	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
 		resp.StatusCode == http.StatusProxyAuthRequired) ||
 		v == transient && resp.StatusCode == http.StatusConflict
@@ -478,6 +490,24 @@ func (o *operation) answered(resp *http.Response) State {
 		return StateSucceeded
 	}
 	return StateFailed
+}
+
+// notKeptOutcome returns what the journal records for an operation the
+// server performed without keeping its answer (idemserver's
+// ProblemNotKept), given the status the server first sent (0: unknown):
+// finished, never sent again; succeeded with that status if it was a 2xx,
+// else failed with it (with 409 when it is unknown); and an error text
+// that says the request was performed, so that no one reads "failed" as
+// "not charged" and re-drives it under a new name.
+func notKeptOutcome(original int) (State, int, string) {
+	if original == 0 {
+		return StateFailed, http.StatusConflict, "performed by server, answer not kept (status unknown)"
+	}
+	state := StateFailed
+	if original >= 200 && original < 300 {
+		state = StateSucceeded
+	}
+	return state, original, "performed by server, answer not kept (original status " + strconv.Itoa(original) + ")"
 }
 
 // received ends the operation once its answer reached the caller.

@@ -248,6 +248,9 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 	if r.resp != nil {
 		rec.LastStatus = r.resp.StatusCode
 		rec.State = r.o.answered(r.resp)
+		if r.o.notKept { // the record the journal keeps (see notKeptOutcome)
+			rec.State, rec.LastStatus, rec.LastError = notKeptOutcome(r.o.original)
+		}
 	} else if errors.As(r.err, &ie) {
 		rec.State = ie.State
 	}

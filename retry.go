@@ -97,13 +97,18 @@ const (
 	transient
 	// permanent: retrying cannot help; return what we have.
 	permanent
+	// performed: a 409 saying the server handled a request under the key
+	// and did not keep its answer (idemserver's ProblemNotKept). Like
+	// permanent, the caller gets the 409 and nothing is sent again; the
+	// journal records the operation as performed (see notKeptOutcome).
+	performed
 )
 
 // classifyResponse returns the verdict for a response and the reason, for
 // logs. A server's explicit hint (Stripe-Should-Retry, X-Should-Retry)
 // wins over the status table. A 409 is read to tell "in progress"
-// (transient) from "key already used" (permanent); its body stays readable
-// for the caller.
+// (transient) from "key already used" (permanent) and from "performed, its
+// answer not kept" (performed); its body stays readable for the caller.
 func classifyResponse(resp *http.Response) (verdict, string) {
 	code := resp.StatusCode
 	if code < 200 || code >= 400 {
@@ -120,8 +125,11 @@ func classifyResponse(resp *http.Response) (verdict, string) {
 	case code >= 200 && code < 400:
 		return success, strconv.Itoa(code)
 	case code == http.StatusConflict:
-		if conflictIsKeyReuse(resp) {
+		switch readConflict(resp) {
+		case permanent:
 			return permanent, "409 key already used"
+		case performed:
+			return performed, "409 performed, answer not kept"
 		}
 		return transient, "409 in progress"
 	case transientStatus(code):
@@ -150,16 +158,25 @@ const (
 	conflictPeekWait = time.Second
 )
 
-// conflictIsKeyReuse reports whether a 409 says the key was already used
-// for another request rather than that the first request is in progress.
-// It reads the RFC 9457 problem's type and code (or a JSON error's code,
-// as Stripe sends it) from at most conflictPeek bytes of the body, read
-// within conflictPeekWait, and puts them back in front of the body, so the
-// caller still reads it all. A 409 it cannot read, in time or at all, is
-// "in progress", the draft's meaning of a bare 409.
-func conflictIsKeyReuse(resp *http.Response) bool {
+// notKeptType is the fragment of the type URI of idemserver's
+// ProblemNotKept (idemserver cannot be imported here; a test there checks
+// that they agree).
+const notKeptType = "#already-used-response-not-kept"
+
+// readConflict tells what a 409 says: transient when the first request is
+// in progress, permanent when the key was already used for another
+// request, performed when the server handled a request under the key and
+// did not keep its answer (a problem whose type ends in notKeptType; its
+// original_status member, the status first sent when known, is kept on
+// the body for notKeptStatus). It reads the RFC 9457 problem's type and
+// code (or a JSON error's code, as Stripe sends it) from at most
+// conflictPeek bytes of the body, read within conflictPeekWait, and puts
+// them back in front of the body, so the caller still reads it all. A 409
+// it cannot read, in time or at all, is "in progress", the draft's
+// meaning of a bare 409.
+func readConflict(resp *http.Response) verdict {
 	if resp.Body == nil || resp.Body == http.NoBody {
-		return false
+		return transient
 	}
 	pb := &peekedBody{rc: resp.Body, done: make(chan struct{})}
 	resp.Body = pb
@@ -169,37 +186,54 @@ func conflictIsKeyReuse(resp *http.Response) bool {
 	select {
 	case <-pb.done:
 	case <-t.C:
-		return false // a stalled body: in progress
+		return transient // a stalled body: in progress
 	}
 	if pb.err != nil {
-		return false
+		return transient
 	}
 	peek := pb.buf
 	var p struct {
-		Type, Code string
-		Error      json.RawMessage
+		Type, Code     string
+		Error          json.RawMessage
+		OriginalStatus int `json:"original_status"`
 	}
 	if json.Unmarshal(peek, &p) != nil {
-		return false
+		return transient
+	}
+	if strings.HasSuffix(p.Type, notKeptType) {
+		if p.OriginalStatus >= 100 && p.OriginalStatus <= 999 {
+			pb.original = p.OriginalStatus
+		}
+		return performed
 	}
 	var inner struct{ Type, Code string }
 	_ = json.Unmarshal(p.Error, &inner)
 	for _, s := range [...]string{p.Type, p.Code, inner.Type, inner.Code} {
 		s = strings.ToLower(s)
 		if strings.Contains(s, "progress") || strings.Contains(s, "in_use") || strings.Contains(s, "in-use") {
-			return false
+			return transient
 		}
 		for _, w := range [...]string{"already_used", "already-used", "reused", "key-reuse", "key_reuse", "mismatch"} {
 			if strings.Contains(s, w) {
-				return true
+				return permanent
 			}
 		}
 	}
-	return false
+	return transient
+}
+
+// notKeptStatus returns the original status that readConflict found in
+// the body of resp, a 409 it classified as performed, or 0 when the
+// server did not say.
+func notKeptStatus(resp *http.Response) int {
+	if pb, ok := resp.Body.(*peekedBody); ok {
+		return pb.original
+	}
+	return 0
 }
 
 // peekedBody is a 409's body whose first bytes a goroutine reads for
-// conflictIsKeyReuse. Reads wait for that goroutine and return its bytes
+// readConflict. Reads wait for that goroutine and return its bytes
 // first, then the rest of the body; Close closes the body, which also ends
 // a peek that stalls.
 type peekedBody struct {
@@ -208,6 +242,8 @@ type peekedBody struct {
 	buf  []byte
 	err  error
 	off  int
+	// original is a ProblemNotKept's original_status, or 0.
+	original int
 }
 
 func (p *peekedBody) peek() {

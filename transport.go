@@ -353,7 +353,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		tries += max(tr.writes, 1)
 		resp := tr.resp
 
-		if tr.v == success || tr.v == permanent {
+		if tr.v == success || tr.v == permanent || tr.v == performed {
 			if resp != nil {
 				if tries > 1 {
 					t.cfg.logger.Info("idem: answered after retries", "idem.key", key, "idem.operation", name,

@@ -43,8 +43,10 @@ const (
 	// request that was handled and answered, but whose answer could not
 	// be kept (too large, a hijacked connection, a stream cut off). The
 	// handler does not run again; the document's original_status member
-	// holds the status first sent, when it is known. The type contains
-	// "already-used", which idem's client reads as a permanent conflict.
+	// holds the status first sent, when it is known. idem's client does
+	// not send the request again and journals it as performed, with that
+	// status (succeeded if it was a 2xx); other clients read
+	// "already-used" in the type as a permanent conflict.
 	ProblemNotKept = "https://github.com/idemgo/idem/idemserver#already-used-response-not-kept"
 )
 

@@ -146,7 +146,11 @@ func (c *cli) show(arg string, body bool) (err error) {
 	if v.LastStatus != 0 {
 		row("last status", fmt.Sprint(v.LastStatus))
 	}
-	row("last error", cellIf(v.LastError))
+	if op.State == idem.StateSucceeded {
+		row("note", cellIf(v.LastError)) // a request performed without its answer kept
+	} else {
+		row("last error", cellIf(v.LastError))
+	}
 	if !op.Created.IsZero() {
 		row("created", fmt.Sprintf("%s (%s ago)", op.Created.Format(time.RFC3339), age(v.AgeSeconds)))
 	}
