@@ -94,6 +94,8 @@ func TestNotKeptOutcome(t *testing.T) {
 		{201, 201, StateSucceeded, "performed by server, answer not kept (original status 201)"},
 		{200, 200, StateSucceeded, "performed by server, answer not kept (original status 200)"},
 		{402, 402, StateFailed, "performed by server, answer not kept (original status 402)"},
+		{303, 303, StateSucceeded, "performed by server, answer not kept (original status 303)"}, // success, as classifyResponse reads a 3xx
+		{500, 500, StateFailed, "performed by server, answer not kept (original status 500)"},
 		{0, 409, StateFailed, "performed by server, answer not kept (status unknown)"},
 	}
 	for _, tt := range tests {

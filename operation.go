@@ -495,8 +495,8 @@ func (o *operation) answered(resp *http.Response) State {
 // notKeptOutcome returns what the journal records for an operation the
 // server performed without keeping its answer (idemserver's
 // ProblemNotKept), given the status the server first sent (0: unknown):
-// finished, never sent again; succeeded with that status if it was a 2xx,
-// else failed with it (with 409 when it is unknown); and an error text
+// finished, never sent again; succeeded with that status if it was a 2xx
+// or 3xx (what classifyResponse calls success), else failed with it (with 409 when it is unknown); and an error text
 // that says the request was performed, so that no one reads "failed" as
 // "not charged" and re-drives it under a new name.
 func notKeptOutcome(original int) (State, int, string) {
@@ -504,7 +504,7 @@ func notKeptOutcome(original int) (State, int, string) {
 		return StateFailed, http.StatusConflict, "performed by server, answer not kept (status unknown)"
 	}
 	state := StateFailed
-	if original >= 200 && original < 300 {
+	if original >= 200 && original < 400 {
 		state = StateSucceeded
 	}
 	return state, original, "performed by server, answer not kept (original status " + strconv.Itoa(original) + ")"

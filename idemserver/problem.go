@@ -45,7 +45,7 @@ const (
 	// handler does not run again; the document's original_status member
 	// holds the status first sent, when it is known. idem's client does
 	// not send the request again and journals it as performed, with that
-	// status (succeeded if it was a 2xx); other clients read
+	// status (succeeded if it was a 2xx or 3xx); other clients read
 	// "already-used" in the type as a permanent conflict.
 	ProblemNotKept = "https://github.com/idemgo/idem/idemserver#already-used-response-not-kept"
 )
