@@ -5,6 +5,7 @@ package idem
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -81,6 +82,9 @@ func (sc *txScratch) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r
 		return codecErr(key, err)
 	}
 	if req, err = fn(r, req); err != nil {
+		if err == errUnchanged {
+			return nil
+		}
 		return err
 	}
 	buf := sc.value(codec.HeadSize(r) + max(len(req), 1))
@@ -117,6 +121,16 @@ func init() {
 	}
 }
 
+// errUnchanged is what a change's fn returns to leave the record as it
+// is: change then writes nothing and returns nil.
+var errUnchanged = errors.New("idem: record unchanged")
+
+// heldBy reports whether a mark made for owner applies to r: r is pending
+// and owner holds it, or owner is "" (KeyStore.Attempt).
+func heldBy(r *codec.Record, owner string) bool {
+	return owner == "" || State(r.State) == StatePending && r.Owner == owner
+}
+
 func newFinishMark(s *BoltStore, key string, o Outcome) *finishMark {
 	m := finishMarks.Get().(*finishMark)
 	m.s, m.key, m.o, m.now = s, key, o, toNanos(o.At)
@@ -131,6 +145,9 @@ func (m *finishMark) apply(tx *bolt.Tx) error {
 	}
 	apart := false
 	err = s.change(tx, ops, m.key, func(r *codec.Record, req []byte) ([]byte, error) {
+		if !heldBy(r, m.o.Owner) {
+			return req, errUnchanged // its owner lost the record
+		}
 		r.State = uint8(m.o.State)
 		r.Attempts += int64(m.o.Sent)
 		r.LastStatus, r.LastError, r.URL = int64(m.o.Status), m.o.Err, m.o.URL

@@ -238,6 +238,9 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 			return err
 		}
 		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			if !heldBy(r, a.Owner) {
+				return req, errUnchanged // its owner lost the record
+			}
 			r.Attempts += int64(a.Sent)
 			r.LastStatus, r.LastError = int64(a.Status), a.Err
 			r.Updated = now

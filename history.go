@@ -24,6 +24,7 @@ func AppendHistory(h []Attempt, a Attempt) []Attempt {
 	}
 	out := make([]Attempt, len(h), len(h)+1)
 	copy(out, h)
+	a.Owner = "" // History keeps what was sent, not who marked it
 	return append(out, a)
 }
 

@@ -146,6 +146,7 @@ func (j *journal) finish(ctx context.Context, rec *Operation, o Outcome) error {
 	o.Sent = max(o.Sent, 0)
 	o.URL = TrimQuery(rec.URL)
 	o.Err = recordedText(o.Err)
+	o.Owner = j.owner // only the holder's outcome is written (KeyStore.Finish)
 	return j.store.Finish(ctx, rec.Key, o)
 }
 

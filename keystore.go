@@ -165,6 +165,13 @@ type Attempt struct {
 	Reason string
 	// At is when the mark is made; the store sets Updated to it.
 	At time.Time
+	// Owner is the lease owner the mark is made for (the journal's own,
+	// Operation.Owner of the record it holds): the store records the
+	// attempt only on a pending record Owner holds (KeyStore.Attempt). ""
+	// marks unconditionally, as stores did before marks carried an owner:
+	// for tools and tests that mark a record outside any lease; the
+	// journal always sets it. It is not kept in History.
+	Owner string
 }
 
 // Outcome is what KeyStore.Finish records of a finished operation.
@@ -189,6 +196,12 @@ type Outcome struct {
 	URL string
 	// At is when the mark is made; the store sets Updated to it.
 	At time.Time
+	// Owner is the lease owner the outcome is written for, as
+	// Attempt.Owner: the store writes it only on a pending record Owner
+	// holds (KeyStore.Finish), so a late outcome from a process that lost
+	// the record never overwrites another's. "" writes unconditionally;
+	// the journal always sets it.
+	Owner string
 }
 
 // TrimQuery returns u without its query and fragment: the URL a finished
@@ -232,11 +245,21 @@ func TrimQuery(u string) string {
 //     step as it selects them;
 //   - Sweep deletes only finished records last updated before the cutoff;
 //   - Attempt appends to the record's History and trims it to MaxHistory
-//     in the same change as it counts the attempt.
+//     in the same change as it counts the attempt;
+//   - Attempt and Finish change only a pending record whose Owner is the
+//     mark's (Attempt.Owner, Outcome.Owner): a mark from an owner that
+//     lost the record (another owner claimed or acquired it, or it was
+//     finished, or reopened by someone else) changes nothing. The journal
+//     cannot decide it: it marks asynchronously, and may have stalled past
+//     its lease while another process took the operation over.
 //
 // A store may refuse what its format cannot hold, and says so on its type
 // (the bbolt journal refuses a key ending in a NUL byte; PostgreSQL text
 // that is not UTF-8).
+//
+// A mark that changes nothing because its owner lost the record is not an
+// error: Attempt and Finish return nil for it (they may return before the
+// store knew), and a store may count or log it (pgstore logs it).
 //
 // Reserve, Acquire and Renew must not return before their change is durable:
 // the transport sends nothing until they return. Attempt and Finish may
@@ -300,18 +323,25 @@ type KeyStore interface {
 	// Attempts, sets LastStatus, LastError and Updated (to a.At), and
 	// appends a to History, dropping the oldest entries beyond
 	// MaxHistory (AppendHistory), all in one atomic change; it changes
-	// nothing else. The journal calls it only for a pending record it
-	// holds, with a.Err and a.Reason already bounded and cleaned (a store
-	// keeps them as given). Finish, Acquire and Renew keep History as it
-	// is.
+	// nothing else. It does so only if the record is pending and its
+	// Owner is a.Owner (whether or not the lease has lapsed, as long as no
+	// one took it); otherwise it changes nothing and returns nil. An empty
+	// a.Owner skips that test. The journal calls it for a pending record
+	// it holds, with a.Err and a.Reason already bounded and cleaned (a
+	// store keeps them as given). Finish, Acquire and Renew keep History
+	// as it is.
 	Attempt(ctx context.Context, key string, a Attempt) error
 
 	// Finish writes the outcome o of the record for key: State becomes
 	// o.State, Attempts grows by o.Sent, LastStatus, LastError, URL and
 	// Updated become o.Status, o.Err, o.URL and o.At; the replayable
-	// request is dropped and the lease ends. It writes what it is given:
-	// the journal calls it only for a pending record it holds, with a
-	// final state and the URL the finished record keeps.
+	// request is dropped and the lease ends. It does so only if the
+	// record is pending and its Owner is o.Owner (as Attempt); otherwise
+	// it changes nothing and returns nil, so a finished record keeps its
+	// outcome and a record another owner took keeps its course. An empty
+	// o.Owner skips that test. It writes what it is given: the journal
+	// calls it for a pending record it holds, with a final state and the
+	// URL the finished record keeps.
 	Finish(ctx context.Context, key string, o Outcome) error
 
 	// Pending returns up to limit pending records with keys after after

@@ -171,7 +171,7 @@ func (m *MemoryStore) Get(ctx context.Context, key string) (Operation, error) {
 
 // Attempt implements KeyStore.
 func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error {
-	return m.update(ctx, key, a.At, func(op *Operation) {
+	return m.update(ctx, key, a.At, a.Owner, func(op *Operation) {
 		op.Attempts += a.Sent
 		op.LastStatus, op.LastError = a.Status, a.Err
 		op.History = AppendHistory(op.History, a) // a new slice: copies share none
@@ -180,7 +180,7 @@ func (m *MemoryStore) Attempt(ctx context.Context, key string, a Attempt) error 
 
 // Finish implements KeyStore.
 func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
-	return m.update(ctx, key, o.At, func(op *Operation) {
+	return m.update(ctx, key, o.At, o.Owner, func(op *Operation) {
 		op.State = o.State
 		op.Attempts += o.Sent
 		op.LastStatus, op.LastError, op.URL = o.Status, o.Err, o.URL
@@ -189,7 +189,9 @@ func (m *MemoryStore) Finish(ctx context.Context, key string, o Outcome) error {
 	})
 }
 
-func (m *MemoryStore) update(ctx context.Context, key string, at time.Time, fn func(*Operation)) error {
+// update applies a mark made for owner: only to a pending record owner
+// holds, or to any record if owner is "" (KeyStore.Attempt).
+func (m *MemoryStore) update(ctx context.Context, key string, at time.Time, owner string, fn func(*Operation)) error {
 	if err := m.lock(ctx); err != nil {
 		return err
 	}
@@ -197,6 +199,9 @@ func (m *MemoryStore) update(ctx context.Context, key string, at time.Time, fn f
 	op, ok := m.ops[key]
 	if !ok {
 		return fmt.Errorf("update %q: %w", key, ErrNotFound)
+	}
+	if owner != "" && (op.State != StatePending || op.Owner != owner) {
+		return nil // the mark's owner lost the record: it changes nothing
 	}
 	fn(op)
 	op.Updated = at

@@ -294,7 +294,7 @@ func (o *operation) recordAttempt(status int, errText, reason string) {
 	if o.unrecorded == 0 {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now()}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
 	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)

@@ -284,6 +284,46 @@ func finishRedactsItself(*testing.T) idem.KeyStore {
 	return b
 }
 
+// unconditionalMarks writes every Attempt and Finish, whoever holds the
+// record and whatever its state, as every store did: a late mark of an
+// owner that lost the operation overwrites the outcome of the one that
+// took it over.
+func unconditionalMarks(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	b.attempt = func(ctx context.Context, key string, a idem.Attempt) error {
+		a.Owner = "" // an empty owner marks unconditionally
+		return b.MemoryStore.Attempt(ctx, key, a)
+	}
+	b.finish = func(ctx context.Context, key string, o idem.Outcome) error {
+		o.Owner = ""
+		return b.MemoryStore.Finish(ctx, key, o)
+	}
+	return b
+}
+
+// marksIgnoreTheState writes the marks of the record's owner whatever
+// its state: the owner's late Finish rewrites its own finished outcome.
+func marksIgnoreTheState(*testing.T) idem.KeyStore {
+	b := &broken{MemoryStore: idem.NewMemoryStore()}
+	ownedBy := func(ctx context.Context, key, owner string) bool {
+		op, err := b.MemoryStore.Get(ctx, key)
+		return err == nil && op.Owner == owner
+	}
+	b.attempt = func(ctx context.Context, key string, a idem.Attempt) error {
+		if ownedBy(ctx, key, a.Owner) {
+			a.Owner = ""
+		}
+		return b.MemoryStore.Attempt(ctx, key, a)
+	}
+	b.finish = func(ctx context.Context, key string, o idem.Outcome) error {
+		if ownedBy(ctx, key, o.Owner) {
+			o.Owner = ""
+		}
+		return b.MemoryStore.Finish(ctx, key, o)
+	}
+	return b
+}
+
 // acquireKeepsOldRequest reopens a finished operation without the new
 // request it is given.
 func acquireKeepsOldRequest(*testing.T) idem.KeyStore {
@@ -334,6 +374,8 @@ func TestSuiteFailsBrokenStores(t *testing.T) {
 		{"Finish drops the history", Config{Open: historyDroppedByFinish}, "the history and the trace are kept by Finish and Acquire"},
 		{"no history kept", Config{Open: historyNotKept}, "Attempt counts requests and keeps the operation pending"},
 		{"drops the trace", Config{Open: dropsTheTrace}, "the history and the trace are kept by Finish and Acquire"},
+		{"marks ignore the owner", Config{Open: unconditionalMarks}, "a mark from an owner that lost the record changes nothing"},
+		{"marks ignore the state", Config{Open: marksIgnoreTheState}, "a mark from an owner that lost the record changes nothing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := runRecorded(t, tc.config)

@@ -219,6 +219,65 @@ var tests = []struct {
 			t.Errorf("Finish(unknown) = %v, want ErrNotFound", err)
 		}
 	}},
+	{"a mark from an owner that lost the record changes nothing", func(t T, h *harness) {
+		// Owner A sends, then stalls past its lease; B takes the operation
+		// over (Claim for k1, Acquire for k2), resends it and finishes it.
+		// A's late Attempt and Finish must leave B's record as it is: a
+		// late "failed" over B's "succeeded" has an operator charge twice.
+		ctx := t.Context()
+		for _, k := range []string{"k1", "k2"} {
+			h.reserve(t, NewOperation(k)) // owner-a, its lease ends at base+1h
+		}
+		later := base.Add(2 * time.Hour)
+		l := lease("owner-b", later, time.Hour)
+		ops, err := h.s.Claim(ctx, l, "", 1)
+		wantKeys(t, "Claim by owner-b after owner-a's lease lapsed", ops, err, "k1")
+		if _, err := h.s.Acquire(ctx, "k2", l, idem.Request{}); err != nil {
+			t.Fatalf("Acquire by owner-b after owner-a's lease lapsed: %v", err)
+		}
+		for _, k := range []string{"k1", "k2"} {
+			taken := h.get(t, k)
+			if taken.Owner != "owner-b" {
+				t.Fatalf("%s: owner %q after owner-b took it", k, taken.Owner)
+			}
+			late := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(time.Second), Owner: "owner-a"}
+			if err := h.s.Attempt(ctx, k, late); err != nil {
+				t.Fatalf("%s: owner-a's late Attempt = %v, want nil (it changes nothing)", k, err)
+			}
+			if err := h.s.Finish(ctx, k, idem.Outcome{State: idem.StateFailed, Status: 503, Sent: 1, URL: idem.TrimQuery(taken.URL), At: later.Add(2 * time.Second), Owner: "owner-a"}); err != nil {
+				t.Fatalf("%s: owner-a's late Finish = %v, want nil (it changes nothing)", k, err)
+			}
+			same(t, k+": after owner-a's late marks, owner-b's record", h.get(t, k), taken)
+			ops, err := h.s.Pending(ctx, k[:1], 0)
+			if err != nil || !slices.Contains(keysOf(ops), k) {
+				t.Fatalf("%s: Pending after owner-a's late Finish = %v, %v: want it still pending", k, keysOf(ops), err)
+			}
+			// B's own marks apply, and its outcome stands.
+			mine := idem.Attempt{Sent: 1, Status: 502, Reason: "502", At: later.Add(3 * time.Second), Owner: "owner-b"}
+			if err := h.s.Attempt(ctx, k, mine); err != nil {
+				t.Fatal(err)
+			}
+			h.finish(t, k, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, URL: idem.TrimQuery(taken.URL), At: later.Add(4 * time.Second), Owner: "owner-b"})
+			done := h.get(t, k)
+			want := taken
+			want.State, want.Attempts, want.LastStatus = idem.StateSucceeded, 2, 201
+			want.URL, want.Header, want.Body = idem.TrimQuery(taken.URL), nil, nil
+			want.Updated, want.LeaseUntil = later.Add(4*time.Second), done.LeaseUntil
+			want.History = []idem.Attempt{{Sent: 1, Status: 502, Reason: "502", At: mine.At}}
+			same(t, k+": owner-b's finished record", done, want)
+			// A finished record is not changed by a later mark, from the
+			// owner that lost it or the one that finished it.
+			for _, owner := range []string{"owner-a", "owner-b"} {
+				if err := h.s.Attempt(ctx, k, idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(5 * time.Second), Owner: owner}); err != nil {
+					t.Fatalf("%s: %s's Attempt on the finished record = %v, want nil", k, owner, err)
+				}
+				if err := h.s.Finish(ctx, k, idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, URL: want.URL, At: later.Add(6 * time.Second), Owner: owner}); err != nil {
+					t.Fatalf("%s: %s's Finish of the finished record = %v, want nil", k, owner, err)
+				}
+				same(t, k+": the finished record after "+owner+"'s later marks", h.get(t, k), done)
+			}
+		}
+	}},
 	{"Acquire reopens a finished record with the request it is given", func(t T, h *harness) {
 		ctx := t.Context()
 		op := NewOperation("k1")
