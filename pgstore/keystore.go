@@ -339,8 +339,8 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err != nil {
 		return fmt.Errorf("pgstore: attempt %s: history: %w", key, err)
 	}
-	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3,
-		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At), string(entry)}})
+	return s.marks.write(ctx, mark{what: "attempt", key: key, sql: s.q.attempt, text: 3, owner: a.Owner,
+		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At), string(entry), a.Owner, s.incarnation}})
 }
 
 // Finish implements idem.KeyStore, with Attempt's durability: when it
@@ -354,8 +354,8 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4,
-		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At), o.URL}})
+	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4, owner: o.Owner,
+		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At), o.URL, o.Owner, s.incarnation}})
 }
 
 // Pending implements idem.KeyStore.

@@ -18,6 +18,7 @@ import (
 // mark is an Attempt or Finish: one statement and its arguments.
 type mark struct {
 	what, key, sql string
+	owner          string // the mark's owner (idem.Attempt.Owner): "" marks any row
 	args           []any
 	text           int  // index in args of the free text, repaired if PostgreSQL refuses the mark
 	repaired       bool // its text was replaced once already
@@ -68,9 +69,10 @@ type queuedMark struct {
 // refused again it is dropped and reported, so that one bad mark cannot
 // hold back every other.
 type markWriter struct {
-	pool *pgxpool.Pool
-	log  *slog.Logger
-	base context.Context // ends when the store gives up on PostgreSQL at Close
+	pool    *pgxpool.Pool
+	log     *slog.Logger
+	present string          // queries.present
+	base    context.Context // ends when the store gives up on PostgreSQL at Close
 
 	mu       sync.Mutex
 	queue    []*queuedMark
@@ -88,8 +90,8 @@ type markWriter struct {
 	done  chan struct{}
 }
 
-func newMarkWriter(pool *pgxpool.Pool, base context.Context, log *slog.Logger) *markWriter {
-	w := &markWriter{pool: pool, base: base, log: log, progress: make(chan struct{}), failed: make(chan struct{}),
+func newMarkWriter(pool *pgxpool.Pool, base context.Context, log *slog.Logger, present string) *markWriter {
+	w := &markWriter{pool: pool, base: base, log: log, present: present, progress: make(chan struct{}), failed: make(chan struct{}),
 		wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run()
 	return w
@@ -239,6 +241,7 @@ func (w *markWriter) send(batch []*queuedMark) error {
 	cerr := br.Close()
 	switch {
 	case bad < 0 && cerr == nil:
+		w.unheld(ctx, batch, results)
 		w.take(batch, results)
 		return nil
 	case bad >= 0 && permanent(badErr):
@@ -248,6 +251,44 @@ func (w *markWriter) send(batch []*queuedMark) error {
 		return badErr
 	}
 	return cerr
+}
+
+// unheld sorts out the marks of batch, written, that changed nothing
+// (results[i] matches idem.ErrNotFound): a mark with an owner whose row
+// exists changed nothing because the owner lost it (another owner took
+// it, or it was finished): not an error (idem.KeyStore.Attempt), logged
+// at Info. If the check itself fails, such marks are taken as unheld too:
+// their change is refused by the row either way.
+func (w *markWriter) unheld(ctx context.Context, batch []*queuedMark, results []error) {
+	var keys []string
+	for i, q := range batch {
+		if results[i] != nil && q.owner != "" {
+			keys = append(keys, q.key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	present := map[string]bool{}
+	rows, err := w.pool.Query(ctx, w.present, keys)
+	if err == nil {
+		var k string
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+			present[k] = true
+			return nil
+		})
+	}
+	for i, q := range batch {
+		if results[i] == nil || q.owner == "" || err == nil && !present[q.key] {
+			continue
+		}
+		results[i] = nil
+		if err != nil {
+			w.log.Info("pgstore: a mark changed nothing: its row is gone, or its owner lost it", "idem.key", q.key, "mark", q.what, "idem.owner", q.owner, "err", err)
+			continue
+		}
+		w.log.Info("pgstore: a mark changed nothing: its owner lost the operation (another owner holds it, or it is finished)", "idem.key", q.key, "mark", q.what, "idem.owner", q.owner)
+	}
 }
 
 // take removes batch, written, from the head of the queue and answers its

@@ -22,7 +22,7 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
-	now, policy, setPolicy, newer, releaseOwner                                                        string
+	now, policy, setPolicy, newer, releaseOwner, present                                               string
 }
 
 // dbNow is the database's clock in Unix nanoseconds (to the microsecond).
@@ -116,19 +116,28 @@ func newQueries(schema string, dbClock bool) queries {
 
 		// Attempt: $2 sent, $3 status, $4 error, $5 updated, $6 the
 		// attempt as a history entry (JSON), which the statement appends
-		// to the history, keeping the newest {maxHistory}.
+		// to the history, keeping the newest {maxHistory}; $7 the mark's
+		// owner and $8 this store's incarnation: only a pending row this
+		// store holds under that owner changes ($7 '': any row, as the
+		// marks of tools and tests).
 		attempt: r.Replace(`{async} UPDATE {ops} SET attempts = attempts + $2, last_status = $3, last_error = $4, updated = $5,
 			history = (SELECT jsonb_agg(e ORDER BY i) FROM (
 				SELECT e, i FROM jsonb_array_elements(coalesce(history, '[]'::jsonb) || jsonb_build_array($6::jsonb)) WITH ORDINALITY AS h(e, i)
 				ORDER BY i DESC LIMIT {maxHistory}) AS kept)
-		WHERE key = $1 AND (SELECT true FROM async)`),
+		WHERE key = $1 AND ($7::text = '' OR (state = 1 AND owner = $7::text AND incarnation = $8::text)) AND (SELECT true FROM async)`),
 
 		// Finish: $2 state, $3 sent, $4 status, $5 error, $6 updated, $7
 		// the URL the finished record keeps (the journal's). The
-		// replayable request goes; the lease ends.
+		// replayable request goes; the lease ends. $8 owner and $9
+		// incarnation fence it as Attempt's $7 and $8.
 		finish: r.Replace(`{async} UPDATE {ops} SET state = $2, attempts = attempts + $3, last_status = $4, last_error = $5,
 			updated = $6, header = NULL, body = NULL, lease_until = 0, url = $7
-		WHERE key = $1 AND (SELECT true FROM async)`),
+		WHERE key = $1 AND ($8::text = '' OR (state = 1 AND owner = $8::text AND incarnation = $9::text)) AND (SELECT true FROM async)`),
+
+		// present: which of the keys $1 have a row; it tells a mark that
+		// changed nothing because its owner lost the row from one whose
+		// row is gone.
+		present: r.Replace(`SELECT key FROM {ops} WHERE key = ANY($1::text[])`),
 
 		// Pending: $1 after, $2 limit (NULL: no limit).
 		pending: r.Replace(`SELECT {cols} FROM {ops} WHERE state = 1 AND key > $1 ORDER BY key LIMIT $2`),

@@ -210,7 +210,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	q := newQueries(c.schema, !c.callerTimes)
 	base, cancel := context.WithCancel(context.Background())
 	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(), skew: c.skew,
-		marks: newMarkWriter(pool, base, c.log)}
+		marks: newMarkWriter(pool, base, c.log, q.present)}
 	s.reserver = newReserver(s)
 	return s, nil
 }
