@@ -236,14 +236,20 @@ func (c *cli) expire(arg string) (err error) {
 	if op.State != idem.StatePending {
 		return fmt.Errorf("operation %s is %s, not pending: nothing to expire", op.Key, op.State)
 	}
+	// The outcome is written only for the record's holder
+	// (KeyStore.Finish): the command itself once it took the operation on
+	// a shared journal, else the owner the record names (the journal is
+	// the command's alone while it is open).
+	holder := op.Owner
 	if c.shared() {
 		// A replica may be sending it: take it under a lease of the
 		// command's own first, as a replica's Resume would.
 		if err := c.take(s, op); err != nil {
 			return err
 		}
+		holder = owner()
 	}
-	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", URL: idem.TrimQuery(op.URL), At: c.storeNow(s)}); err != nil {
+	if err := s.Finish(c.ctx, op.Key, idem.Outcome{State: idem.StateExpired, Status: op.LastStatus, Err: "expired by operator", URL: idem.TrimQuery(op.URL), At: c.storeNow(s), Owner: holder}); err != nil {
 		return err
 	}
 	if err := s.Close(); err != nil { // Finish is durable once Close returns
