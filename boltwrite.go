@@ -223,7 +223,9 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 
 // Attempt implements KeyStore. The change is queued for the next commit;
 // Attempt returns an error at once only if the record does not exist or
-// cannot be read.
+// cannot be read. When the commit finds the record finished or held by
+// another owner than a.Owner, the mark changes nothing (KeyStore.Attempt);
+// so for Finish.
 func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err

@@ -57,6 +57,11 @@ func (s *thinSpy) Attempt(ctx context.Context, key string, a idem.Attempt) error
 	if a.Sent < 0 || a.At.IsZero() || !recordable(a.Err) {
 		s.fault("Attempt(%s) got %+v", key, a)
 	}
+	// The mark carries the journal's owner, the record's holder: the store
+	// fences it by that (KeyStore.Attempt).
+	if rec, err := s.MemoryStore.Get(ctx, key); err == nil && (a.Owner == "" || a.Owner != rec.Owner || rec.State != idem.StatePending) {
+		s.fault("Attempt(%s) for owner %q of a %s record held by %q", key, a.Owner, rec.State, rec.Owner)
+	}
 	return s.MemoryStore.Attempt(ctx, key, a)
 }
 
@@ -69,6 +74,8 @@ func (s *thinSpy) Finish(ctx context.Context, key string, o idem.Outcome) error 
 		s.fault("Finish(%s) of a %s record", key, rec.State)
 	case !o.State.Finished() || o.Sent < 0 || o.At.IsZero() || !recordable(o.Err):
 		s.fault("Finish(%s) got %+v", key, o)
+	case o.Owner == "" || o.Owner != rec.Owner:
+		s.fault("Finish(%s) for owner %q of a record held by %q", key, o.Owner, rec.Owner)
 	case o.URL != idem.TrimQuery(rec.URL) || o.URL == "":
 		s.fault("Finish(%s) got URL %q for a record of %q", key, o.URL, rec.URL)
 	}

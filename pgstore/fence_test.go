@@ -8,7 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -135,4 +137,39 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestLateMarksOfAnotherIncarnation: the same owner name in another
+// incarnation (a process restarted, or started twice, under a fixed
+// WithOwner) is another holder: once it took the operation over, the
+// marks of the store that lost it change nothing, as Renew refuses it.
+func TestLateMarksOfAnotherIncarnation(t *testing.T) {
+	a := openStore(t)
+	b := replica(t, a)
+	ctx := testContext(t)
+	now := time.Now()
+	op := idem.Operation{
+		Key: uuid.NewString(), Name: "pay:incarnation", Method: http.MethodPost, URL: "https://pay.example/v1/charges",
+		State: idem.StatePending, Created: now.Add(-time.Minute), Owner: "replica-1", LeaseUntil: now.Add(-time.Second),
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(orderBody("incarnation")),
+	}
+	_, created, err := a.Reserve(ctx, op)
+	require.NoError(t, err)
+	require.True(t, created)
+	got, err := b.Claim(ctx, idem.Lease{Owner: "replica-1", At: now, Until: now.Add(time.Minute)}, "", 0)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the other incarnation takes the lapsed operation")
+
+	require.NoError(t, a.Attempt(ctx, op.Key, idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: now, Owner: "replica-1"}))
+	require.NoError(t, a.Finish(ctx, op.Key, idem.Outcome{State: idem.StateFailed, Status: 503, URL: op.URL, At: now, Owner: "replica-1"}))
+	rec, err := b.Get(ctx, op.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State, "the lost incarnation's Finish changes nothing")
+	assert.Zero(t, rec.Attempts, "the lost incarnation's Attempt changes nothing")
+
+	require.NoError(t, b.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, URL: op.URL, At: now, Owner: "replica-1"}))
+	rec, err = a.Get(ctx, op.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, "the holder's Finish is written")
+	assert.Equal(t, 201, rec.LastStatus)
 }

@@ -331,6 +331,12 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 // text PostgreSQL refuses anyway is written once more without it. The same
 // statement appends the attempt to the row's history (a jsonb array),
 // keeping the newest idem.MaxHistory.
+//
+// Attempt and Finish change only a pending row that a.Owner (o.Owner)
+// holds through this very Store: the same owner name in another
+// incarnation (a restarted process) that took the row over is another
+// holder, as for Renew. A mark that changes nothing on a row that exists
+// returns nil and is logged at Info with its key (idem.KeyStore.Attempt).
 func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
