@@ -8,17 +8,13 @@ import (
 )
 
 // commitLocked commits one group: up to MaxGroup functions from the head
-// of the queue. The caller leads; w.mu is held, released during the
-// commit and held again on return.
-func (w *Writer[T]) commitLocked() {
+// of the queue. It reports whether the commit failed and kept functions
+// of Go queued for a retry. The caller leads; w.mu is held, released
+// during the commit and held again on return.
+func (w *Writer[T]) commitLocked() (kept bool) {
 	w.disarmLocked()
 	w.due = false
 	n := min(len(w.queue), w.maxGroup)
-	for _, it := range w.queue[:n] {
-		if it.res != nil {
-			w.urgent--
-		}
-	}
 	closing := w.closed // after Close, every group is a last attempt
 	group := w.group
 	if n == len(w.queue) && cap(w.queue) <= w.maxGroup {
@@ -36,21 +32,22 @@ func (w *Writer[T]) commitLocked() {
 	}
 	w.mu.Unlock()
 
-	kept, err := w.run(group)
+	left, err := w.run(group)
 	clear(group)
 	w.group = group[:0]
 
 	w.mu.Lock()
-	w.done += uint64(n - len(kept))
-	if len(kept) > 0 {
+	w.done += uint64(n - len(left))
+	if len(left) > 0 {
 		if closing {
 			// Close makes one last attempt; after it, nothing is left to
 			// retry with.
-			w.lost = fmt.Errorf("%d changes: %w", len(kept), err)
-			w.done += uint64(len(kept))
+			w.lost = fmt.Errorf("%d changes: %w", len(left), err)
+			w.done += uint64(len(left))
 		} else {
-			w.queue = append(kept, w.queue...)
+			w.queue = append(left, w.queue...)
 			w.failErr, w.fails, w.failN = err, w.fails+1, w.failN+1
+			kept = true
 		}
 	} else if err == nil {
 		w.fails = 0
@@ -58,6 +55,26 @@ func (w *Writer[T]) commitLocked() {
 	if w.flushed != nil {
 		close(w.flushed)
 		w.flushed = nil
+	}
+	return kept
+}
+
+// leadOnceLocked takes the lead, commits one group and hands the lead on.
+// Nobody leads; w.mu is held.
+func (w *Writer[T]) leadOnceLocked() {
+	w.leading = true
+	w.commitLocked()
+	w.handOffLocked()
+}
+
+// raiseLocked raises what a hook panicked with while the caller led, if
+// anything, after unlocking w.mu. w.mu is held, and still held if nothing
+// is raised.
+func (w *Writer[T]) raiseLocked() {
+	if p := w.panicked; p != nil {
+		w.panicked = nil
+		w.mu.Unlock()
+		panic(p)
 	}
 }
 
@@ -71,12 +88,10 @@ func (w *Writer[T]) handOffLocked() {
 		w.cond.Broadcast()
 		return
 	}
-	if w.urgent > 0 {
-		for _, it := range w.queue {
-			if it.res != nil && it.state.CompareAndSwap(queued, lead) {
-				it.res <- errLead // buffered, and empty while queued
-				return
-			}
+	for _, it := range w.queue {
+		if it.res != nil && it.state.CompareAndSwap(queued, lead) {
+			it.res <- errLead // buffered, and empty while queued
+			return
 		}
 	}
 	w.leading = false
@@ -138,15 +153,9 @@ func (w *Writer[T]) fire() {
 		w.mu.Unlock()
 		return
 	}
-	w.leading = true
-	w.commitLocked()
-	w.handOffLocked()
-	p := w.panicked
-	w.panicked = nil
+	w.leadOnceLocked()
+	w.raiseLocked()
 	w.mu.Unlock()
-	if p != nil {
-		panic(p)
-	}
 }
 
 // run commits one group, rerunning it without any function that fails. If

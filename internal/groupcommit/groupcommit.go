@@ -111,7 +111,6 @@ type Writer[T any] struct {
 	queue    []*item[T]
 	leading  bool      // a commit runs, or its leader is about to run one
 	closed   bool      // Close was called
-	urgent   int       // queued Do functions (cancelled ones included)
 	due      bool      // the async delay of the queued Go functions is over
 	armed    bool      // the timer runs out the async or retry delay
 	deadline time.Time // when the armed timer is due; an earlier firing is stale
@@ -121,7 +120,7 @@ type Writer[T any] struct {
 	exited   chan struct{}
 	failErr  error  // error of the last failed commit that kept functions queued
 	fails    int    // commits failed in a row
-	failN    uint64 // commits ever failed that kept functions queued
+	failN    uint64 // commits ever failed that kept functions queued, for Sync
 	lost     error  // the error that made Close drop queued functions
 }
 
@@ -195,16 +194,9 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	}
 	it.fn = fn
 	it.state.Store(queued)
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		it.fn = nil
-		w.items.Put(it)
-		return ErrClosed
+	if err := w.enqueue(it, &w.items); err != nil {
+		return err
 	}
-	w.queue = append(w.queue, it)
-	w.enq++
-	w.urgent++
 	if !w.leading {
 		w.leading = true
 		it.state.Store(lead)
@@ -230,6 +222,21 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	return err
 }
 
+// enqueue locks w.mu and queues it, which came from pool. After Close it
+// unlocks w.mu, puts it back and returns ErrClosed.
+func (w *Writer[T]) enqueue(it *item[T], pool *sync.Pool) error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		it.fn = nil
+		pool.Put(it)
+		return ErrClosed
+	}
+	w.queue = append(w.queue, it)
+	w.enq++
+	return nil
+}
+
 // leadFor commits groups, as the leader, until the one carrying it (the
 // caller's own item) has committed, hands the lead on and returns its
 // result. w.mu is held, and unlocked on return.
@@ -237,9 +244,7 @@ func (w *Writer[T]) leadFor(it *item[T]) error {
 	w.self, w.selfDone = it, false
 	dropped := false
 	for !w.selfDone {
-		failN := w.failN
-		w.commitLocked()
-		if !w.selfDone && w.failN != failN {
+		if kept := w.commitLocked(); kept && !w.selfDone {
 			// A group ahead of it failed to commit and kept functions of
 			// Go, which head every group until a commit succeeds: rather
 			// than retry them at once, for as long as the disk refuses,
@@ -252,16 +257,12 @@ func (w *Writer[T]) leadFor(it *item[T]) error {
 	err := w.selfErr
 	w.self, w.selfErr = nil, nil
 	w.handOffLocked()
-	p := w.panicked
-	w.panicked = nil
-	w.mu.Unlock()
 	if !dropped {
 		it.fn = nil
 		w.items.Put(it)
 	}
-	if p != nil {
-		panic(p)
-	}
+	w.raiseLocked()
+	w.mu.Unlock()
 	return err
 }
 
@@ -273,15 +274,9 @@ func (w *Writer[T]) Go(fn func(T) error) error {
 		it = &item[T]{}
 	}
 	it.fn = fn
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		it.fn = nil
-		w.goItems.Put(it)
-		return ErrClosed
+	if err := w.enqueue(it, &w.goItems); err != nil {
+		return err
 	}
-	w.queue = append(w.queue, it)
-	w.enq++
 	if !w.leading {
 		// A running commit's leader arms the timer when it hands off.
 		w.armLocked()
@@ -313,14 +308,8 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 		if !w.leading && w.fails == 0 {
 			// After a failed commit, a waiting Sync does not hurry the
 			// retry: it returns the failure instead.
-			w.leading = true
-			w.commitLocked()
-			w.handOffLocked()
-			if p := w.panicked; p != nil {
-				w.panicked = nil
-				w.mu.Unlock()
-				panic(p)
-			}
+			w.leadOnceLocked()
+			w.raiseLocked()
 			continue
 		}
 		if w.flushed == nil {
@@ -339,9 +328,11 @@ func (w *Writer[T]) Sync(ctx context.Context) error {
 	return nil
 }
 
-// Close waits for the running commit, runs and commits everything queued
-// on the calling goroutine, and returns. Later calls of Do, Go and Sync
-// return ErrClosed.
+// Close waits for the running commit, then runs and commits everything
+// queued on the calling goroutine, making one last attempt at what failed
+// commits kept. It returns an error wrapping that attempt's failure if
+// queued changes could not be written. Later calls of Do, Go, Sync and
+// Close return ErrClosed (a later Close once the first has returned).
 func (w *Writer[T]) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -358,13 +349,9 @@ func (w *Writer[T]) Close() error {
 	for len(w.queue) > 0 {
 		w.commitLocked()
 	}
-	p := w.panicked
-	w.panicked = nil
-	w.mu.Unlock()
 	close(w.exited)
-	if p != nil {
-		panic(p)
-	}
+	w.raiseLocked()
+	w.mu.Unlock()
 	if w.lost != nil {
 		return fmt.Errorf("groupcommit: queued changes not written: %w", w.lost)
 	}
