@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,73 +88,14 @@ func TestManyCallersFailingCommits(t *testing.T) {
 		return nil
 	}
 	w := New(db.update, Options{MaxGroup: 4, AsyncDelay: 50 * time.Microsecond, MaxRetryDelay: 200 * time.Microsecond})
-	const callers, rounds = 16, 150
-	var (
-		mu   sync.Mutex
-		want = map[string]int{} // name -> times it must be committed
-	)
-	var wg sync.WaitGroup
-	for c := range callers {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(c), 2))
-			for i := range rounds {
-				name := fmt.Sprintf("c%d-%d", c, i)
-				ctx, cancel := context.WithCancel(context.Background())
-				if r.IntN(4) == 0 {
-					time.AfterFunc(time.Duration(r.IntN(50))*time.Microsecond, cancel)
-				}
-				fn := put(name)
-				bad := r.IntN(8)
-				switch bad {
-				case 0:
-					fn = func(tx *fakeTx) error { tx.put(name); return errors.New("bad") }
-				case 1:
-					fn = func(tx *fakeTx) error { tx.put(name); panic("bad") }
-				}
-				err := w.Do(ctx, fn)
-				cancel()
-				mu.Lock()
-				switch {
-				case err == nil && bad > 1:
-					want[name] = 1
-				case err != nil && bad == 0 && err.Error() == "bad":
-				case err != nil && bad == 1 && strings.Contains(err.Error(), "panicked"):
-				case errors.Is(err, context.Canceled), errors.Is(err, diskFull):
-				default:
-					t.Errorf("Do %s (failing: %v): %v", name, bad, err)
-				}
-				mu.Unlock()
-				if err := w.Go(put(name + "-go")); err != nil {
-					t.Error(err)
-				}
-				mu.Lock()
-				want[name+"-go"] = 1
-				mu.Unlock()
-				if r.IntN(16) == 0 {
-					if err := w.Sync(context.Background()); err != nil && !errors.Is(err, diskFull) {
-						t.Error(err)
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
+	want := manyCallers(t, w, 2, diskFull, true)
 	full.Store(false)
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	for name, n := range db.data {
-		if want[name] != n {
-			t.Errorf("%s committed %d times, want %d", name, n, want[name])
-		}
-	}
-	for name, n := range want {
-		if db.data[name] != n {
-			t.Errorf("%s committed %d times, want %d", name, db.data[name], n)
-		}
-	}
+	checkCommitted(t, db, want)
 }
 
 // TestCloseRacesRetries closes writers while the timer retries functions

@@ -263,6 +263,27 @@ func TestHookPanicPassesLead(t *testing.T) {
 func TestManyCallers(t *testing.T) {
 	db := newFakeDB()
 	w := New(db.update, Options{MaxGroup: 8, AsyncDelay: 50 * time.Microsecond})
+	want := manyCallers(t, w, 1, nil, false)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	checkCommitted(t, db, want)
+	for _, g := range db.groups {
+		if len(g) > 8 {
+			t.Fatalf("a group of %d, above MaxGroup", len(g))
+		}
+	}
+}
+
+// manyCallers runs 16 callers of Do, Go and Sync on w at once, 150 rounds
+// each, drawn from seed: one Do in four with a context that ends soon,
+// one in eight whose function fails, and, if panics, one in eight whose
+// function panics. A Do or Sync may fail with diskErr, if not nil. It
+// returns how often each change must be committed once w is closed.
+func manyCallers(t *testing.T, w *Writer[*fakeTx], seed uint64, diskErr error, panics bool) map[string]int {
+	t.Helper()
 	const callers, rounds = 16, 150
 	var (
 		mu   sync.Mutex
@@ -271,7 +292,7 @@ func TestManyCallers(t *testing.T) {
 	var wg sync.WaitGroup
 	for c := range callers {
 		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(c), 1))
+			r := rand.New(rand.NewPCG(uint64(c), seed))
 			for i := range rounds {
 				name := fmt.Sprintf("c%d-%d", c, i)
 				ctx, cancel := context.WithCancel(context.Background())
@@ -279,18 +300,25 @@ func TestManyCallers(t *testing.T) {
 					time.AfterFunc(time.Duration(r.IntN(50))*time.Microsecond, cancel)
 				}
 				fn := put(name)
-				bad := r.IntN(8) == 0
-				if bad {
+				bad := r.IntN(8)
+				if bad == 1 && !panics {
+					bad = 2
+				}
+				switch bad {
+				case 0:
 					fn = func(tx *fakeTx) error { tx.put(name); return errors.New("bad") }
+				case 1:
+					fn = func(tx *fakeTx) error { tx.put(name); panic("bad") }
 				}
 				err := w.Do(ctx, fn)
 				cancel()
 				mu.Lock()
 				switch {
-				case err == nil && !bad:
+				case err == nil && bad > 1:
 					want[name] = 1
-				case err != nil && bad && err.Error() == "bad":
-				case errors.Is(err, context.Canceled):
+				case err != nil && bad == 0 && err.Error() == "bad":
+				case err != nil && bad == 1 && strings.Contains(err.Error(), "panicked"):
+				case errors.Is(err, context.Canceled), diskErr != nil && errors.Is(err, diskErr):
 				default:
 					t.Errorf("Do %s (failing: %v): %v", name, bad, err)
 				}
@@ -302,7 +330,7 @@ func TestManyCallers(t *testing.T) {
 				want[name+"-go"] = 1
 				mu.Unlock()
 				if r.IntN(16) == 0 {
-					if err := w.Sync(context.Background()); err != nil {
+					if err := w.Sync(context.Background()); err != nil && (diskErr == nil || !errors.Is(err, diskErr)) {
 						t.Error(err)
 					}
 				}
@@ -310,11 +338,13 @@ func TestManyCallers(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
+	return want
+}
+
+// checkCommitted checks that db committed every change exactly as often as
+// want says, and nothing else. db.mu is held.
+func checkCommitted(t *testing.T, db *fakeDB, want map[string]int) {
+	t.Helper()
 	for name, n := range db.data {
 		if want[name] != n {
 			t.Errorf("%s committed %d times, want %d", name, n, want[name])
@@ -323,11 +353,6 @@ func TestManyCallers(t *testing.T) {
 	for name, n := range want {
 		if db.data[name] != n {
 			t.Errorf("%s committed %d times, want %d", name, db.data[name], n)
-		}
-	}
-	for _, g := range db.groups {
-		if len(g) > 8 {
-			t.Fatalf("a group of %d, above MaxGroup", len(g))
 		}
 	}
 }
