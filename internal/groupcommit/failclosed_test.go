@@ -40,16 +40,11 @@ func TestLeaderBehindKeptChangesFailsClosed(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		err := w.Do(ctx, put("reserve"))
-		calls := func() int {
-			db.mu.Lock()
-			defer db.mu.Unlock()
-			return db.callCount
-		}
-		if n := calls(); !errors.Is(err, diskFull) || n != 2 {
+		if n := db.calls(); !errors.Is(err, diskFull) || n != 2 {
 			t.Fatalf("Do behind a full group of kept changes: %v after %d commits, want the disk's failure after 2", err, n)
 		}
 		synctest.Wait()
-		if n := calls(); n != 2 {
+		if n := db.calls(); n != 2 {
 			t.Fatalf("%d commits once the Do returned, want 2: the kept changes wait for the retry delay", n)
 		}
 		db.mu.Lock()

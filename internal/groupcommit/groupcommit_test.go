@@ -78,6 +78,28 @@ func (db *fakeDB) hold() (entered chan struct{}, release func()) {
 	return entered, func() { once.Do(func() { close(gate) }) }
 }
 
+// count returns how many times name was committed.
+func (db *fakeDB) count(name string) int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.data[name]
+}
+
+// calls returns how many commits db was asked for, failed ones included.
+func (db *fakeDB) calls() int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.callCount
+}
+
+// groupsString returns the names written by each committed transaction,
+// as fmt prints them: "[[a b] [c]]".
+func (db *fakeDB) groupsString() string {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return fmt.Sprint(db.groups)
+}
+
 func put(name string) func(*fakeTx) error {
 	return func(tx *fakeTx) error { tx.put(name); return nil }
 }
@@ -448,12 +470,8 @@ func TestAsyncRidesNextDurableCommit(t *testing.T) {
 	if err := w.Do(context.Background(), put("reserve-3")); err != nil {
 		t.Fatal(err)
 	}
-	db.mu.Lock()
-	groups := slices.Clone(db.groups)
-	db.mu.Unlock()
-	want := [][]string{{"finish-1", "finish-2", "reserve-3"}}
-	if fmt.Sprint(groups) != fmt.Sprint(want) {
-		t.Fatalf("groups = %v, want %v (one commit)", groups, want)
+	if got, want := db.groupsString(), "[[finish-1 finish-2 reserve-3]]"; got != want {
+		t.Fatalf("groups = %s, want %s (one commit)", got, want)
 	}
 
 	// Sync carries queued Go functions too.
@@ -463,10 +481,7 @@ func TestAsyncRidesNextDurableCommit(t *testing.T) {
 	if err := w.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	db.mu.Lock()
-	n := db.data["finish-4"]
-	db.mu.Unlock()
-	if n != 1 {
+	if n := db.count("finish-4"); n != 1 {
 		t.Fatalf("finish-4 committed %d times after Sync, want 1", n)
 	}
 }
@@ -479,22 +494,17 @@ func TestAsyncCommittedAfterDelay(t *testing.T) {
 		db := newFakeDB()
 		w := New(db.update, Options{AsyncDelay: delay})
 		defer w.Close()
-		committed := func() int {
-			db.mu.Lock()
-			defer db.mu.Unlock()
-			return db.data["finish"]
-		}
 		if err := w.Go(put("finish")); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(delay - time.Nanosecond)
 		synctest.Wait()
-		if n := committed(); n != 0 {
+		if n := db.count("finish"); n != 0 {
 			t.Fatalf("a lone Go function was committed %d times before the async delay was over", n)
 		}
 		time.Sleep(time.Nanosecond)
 		synctest.Wait()
-		if n := committed(); n != 1 {
+		if n := db.count("finish"); n != 1 {
 			t.Fatalf("a lone Go function was committed %d times once the async delay was over, want 1", n)
 		}
 	})

@@ -152,17 +152,12 @@ func TestLeaderCommitsEarlierGroupsFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 		synctest.Wait()
-		db.mu.Lock()
-		got := fmt.Sprint(db.groups)
-		db.mu.Unlock()
-		if want := "[[first] [a b] [c d]]"; got != want {
+		if got, want := db.groupsString(), "[[first] [a b] [c d]]"; got != want {
 			t.Fatalf("groups %s, want %s (e waits for the timer)", got, want)
 		}
 		time.Sleep(time.Hour)
 		synctest.Wait()
-		db.mu.Lock()
-		defer db.mu.Unlock()
-		if got, want := fmt.Sprint(db.groups), "[[first] [a b] [c d] [e]]"; got != want {
+		if got, want := db.groupsString(), "[[first] [a b] [c d] [e]]"; got != want {
 			t.Fatalf("groups %s after the async delay, want %s", got, want)
 		}
 	})
@@ -177,11 +172,6 @@ func TestAsyncAfterALeader(t *testing.T) {
 		db := newFakeDB()
 		w := New(db.update, Options{AsyncDelay: delay})
 		defer w.Close()
-		groups := func() string {
-			db.mu.Lock()
-			defer db.mu.Unlock()
-			return fmt.Sprint(db.groups)
-		}
 		entered, release := db.hold()
 		defer release()
 		first := make(chan error, 1)
@@ -196,12 +186,12 @@ func TestAsyncAfterALeader(t *testing.T) {
 		}
 		time.Sleep(delay - time.Nanosecond)
 		synctest.Wait()
-		if got, want := groups(), "[[reserve-1]]"; got != want {
+		if got, want := db.groupsString(), "[[reserve-1]]"; got != want {
 			t.Fatalf("before the async delay: groups %s, want %s", got, want)
 		}
 		time.Sleep(time.Nanosecond)
 		synctest.Wait()
-		if got, want := groups(), "[[reserve-1] [finish-1]]"; got != want {
+		if got, want := db.groupsString(), "[[reserve-1] [finish-1]]"; got != want {
 			t.Fatalf("after the async delay: groups %s, want %s", got, want)
 		}
 
@@ -219,7 +209,7 @@ func TestAsyncAfterALeader(t *testing.T) {
 		}
 		time.Sleep(2 * delay)
 		synctest.Wait()
-		if got, want := groups(), "[[reserve-1] [finish-1] [finish-2 reserve-3]]"; got != want {
+		if got, want := db.groupsString(), "[[reserve-1] [finish-1] [finish-2 reserve-3]]"; got != want {
 			t.Fatalf("groups %s, want %s (one commit for finish-2 and reserve-3, and no timer's commit after it)", got, want)
 		}
 	})
