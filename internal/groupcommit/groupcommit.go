@@ -106,22 +106,22 @@ type Writer[T any] struct {
 
 	timer *time.Timer // calls w.fire; armed and stopped under mu
 
-	mu       sync.Mutex
-	cond     *sync.Cond // signalled when the lead is free after Close
-	queue    []*item[T]
-	leading  bool      // a commit runs, or its leader is about to run one
-	closed   bool      // Close was called
-	due      bool      // the async delay of the queued Go functions is over
-	armed    bool      // the timer runs out the async or retry delay
-	deadline time.Time // when the armed timer is due; an earlier firing is stale
-	enq      uint64    // functions ever queued
-	done     uint64    // functions ever finished, in queue order
-	flushed  chan struct{}
-	exited   chan struct{}
-	failErr  error  // error of the last failed commit that kept functions queued
-	fails    int    // commits failed in a row
-	failN    uint64 // commits ever failed that kept functions queued, for Sync
-	lost     error  // the error that made Close drop queued functions
+	mu        sync.Mutex
+	cond      *sync.Cond // signalled when the lead is free after Close
+	queue     []*item[T]
+	leading   bool          // a commit runs, or its leader is about to run one
+	closed    bool          // Close was called
+	due       bool          // the async delay of the queued Go functions is over
+	armed     bool          // the timer runs out the async or retry delay
+	deadline  time.Time     // when the armed timer is due; an earlier firing is stale
+	enq       uint64        // functions ever queued
+	done      uint64        // functions ever finished, in queue order
+	flushed   chan struct{} // closed after the next commit; nil until a Sync waits
+	closeDone chan struct{} // closed when the first Close has committed what was left
+	failErr   error         // error of the last failed commit that kept functions queued
+	fails     int           // commits failed in a row
+	failN     uint64        // commits ever failed that kept functions queued, for Sync
+	lost      error         // the error that made Close drop queued functions
 }
 
 type item[T any] struct {
@@ -132,7 +132,7 @@ type item[T any] struct {
 
 const (
 	queued int32 = iota
-	lead         // chosen to lead; its caller is being woken with errLead
+	lead         // chosen to lead: its caller leads, or is being woken with errLead
 	taken
 	cancelled
 )
@@ -157,7 +157,7 @@ func New[T any](update func(func(T) error) error, o Options) *Writer[T] {
 		asyncDelay: o.AsyncDelay,
 		recover:    o.Recover,
 		maxRetry:   o.MaxRetryDelay,
-		exited:     make(chan struct{}),
+		closeDone:  make(chan struct{}),
 	}
 	if w.maxGroup <= 0 {
 		w.maxGroup = 1024
@@ -238,8 +238,10 @@ func (w *Writer[T]) enqueue(it *item[T], pool *sync.Pool) error {
 }
 
 // leadFor commits groups, as the leader, until the one carrying it (the
-// caller's own item) has committed, hands the lead on and returns its
-// result. w.mu is held, and unlocked on return.
+// caller's own item) has committed, or one ahead of it failed and kept
+// functions of Go (then it returns that failure and it is dropped), hands
+// the lead on and returns its result. w.mu is held, and unlocked on
+// return.
 func (w *Writer[T]) leadFor(it *item[T]) error {
 	w.self, w.selfDone = it, false
 	dropped := false
@@ -337,7 +339,7 @@ func (w *Writer[T]) Close() error {
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
-		<-w.exited
+		<-w.closeDone
 		return ErrClosed
 	}
 	w.closed = true
@@ -349,7 +351,7 @@ func (w *Writer[T]) Close() error {
 	for len(w.queue) > 0 {
 		w.commitLocked()
 	}
-	close(w.exited)
+	close(w.closeDone)
 	w.raiseLocked()
 	w.mu.Unlock()
 	if w.lost != nil {
