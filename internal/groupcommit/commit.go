@@ -261,7 +261,7 @@ func (w *Writer[T]) finish(it *item[T], err error) {
 // through its channel.
 func (w *Writer[T]) deliver(it *item[T], err error) {
 	if it == w.self {
-		w.selfErr, w.selfDone = err, true
+		w.self, w.selfErr = nil, err
 		return
 	}
 	it.res <- err

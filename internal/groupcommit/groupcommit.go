@@ -99,10 +99,9 @@ type Writer[T any] struct {
 	failed    int
 	failErrFn error
 	runFn     func(T) error // w.runGroup
-	self      *item[T]      // the leading caller's own item, if a Do leads
-	selfErr   error         // its result, once selfDone
-	selfDone  bool
-	panicked  any // what a hook panicked with, re-raised by the leader
+	self      *item[T]      // the leading caller's own item until it has its result
+	selfErr   error         // that result
+	panicked  any           // what a hook panicked with, re-raised by the leader
 
 	timer *time.Timer // calls w.fire; armed and stopped under mu
 
@@ -243,21 +242,21 @@ func (w *Writer[T]) enqueue(it *item[T], pool *sync.Pool) error {
 // the lead on and returns its result. w.mu is held, and unlocked on
 // return.
 func (w *Writer[T]) leadFor(it *item[T]) error {
-	w.self, w.selfDone = it, false
+	w.self = it
 	dropped := false
-	for !w.selfDone {
-		if kept := w.commitLocked(); kept && !w.selfDone {
+	for w.self != nil {
+		if kept := w.commitLocked(); kept && w.self != nil {
 			// A group ahead of it failed to commit and kept functions of
 			// Go, which head every group until a commit succeeds: rather
 			// than retry them at once, for as long as the disk refuses,
 			// fail closed, as its group would have. It stays queued,
 			// cancelled, as an item whose context ended.
 			it.state.Store(cancelled)
-			w.selfErr, w.selfDone, dropped = w.failErr, true, true
+			w.self, w.selfErr, dropped = nil, w.failErr, true
 		}
 	}
 	err := w.selfErr
-	w.self, w.selfErr = nil, nil
+	w.selfErr = nil
 	w.handOffLocked()
 	if !dropped {
 		it.fn = nil
