@@ -100,6 +100,18 @@ func (db *fakeDB) groupsString() string {
 	return fmt.Sprint(db.groups)
 }
 
+// holdLeader starts a Do of put(name) on its own goroutine and returns
+// once it leads a commit that db holds: the channel of that Do's result,
+// and the release of its commit, which the caller defers too (after
+// deferring w.Close), to free the writer if the test stops early.
+func holdLeader(t *testing.T, w *Writer[*fakeTx], db *fakeDB, name string) (<-chan error, func()) {
+	entered, release := db.hold()
+	first := make(chan error, 1)
+	go func() { first <- w.Do(t.Context(), put(name)) }()
+	<-entered
+	return first, release
+}
+
 func put(name string) func(*fakeTx) error {
 	return func(tx *fakeTx) error { tx.put(name); return nil }
 }
@@ -125,11 +137,8 @@ func TestGroupTakesEverythingQueued(t *testing.T) {
 		defer w.Close()
 		ctx := t.Context()
 
-		entered, release := db.hold()
+		first, release := holdLeader(t, w, db, "first")
 		defer release()
-		first := make(chan error, 1)
-		go func() { first <- w.Do(ctx, put("first")) }()
-		<-entered
 
 		const n = 50
 		errs := make(chan error, n)
@@ -196,10 +205,8 @@ func TestFailingFunctionDoesNotFailOthers(t *testing.T) {
 				w := New(db.update, Options{})
 				defer w.Close()
 				ctx := t.Context()
-				entered, release := db.hold()
+				_, release := holdLeader(t, w, db, "first")
 				defer release()
-				go w.Do(ctx, put("first")) //nolint:errcheck // only holds the writer
-				<-entered
 
 				results := make([]chan error, 3)
 				fns := []func(*fakeTx) error{put("a"), tc.bad, put("b")}
@@ -235,11 +242,8 @@ func TestCommitFailureReachesEveryCaller(t *testing.T) {
 		w := New(db.update, Options{OnAsyncError: func(err error) { asyncErrs <- err }})
 		defer w.Close()
 		ctx := t.Context()
-		entered, release := db.hold()
+		first, release := holdLeader(t, w, db, "first")
 		defer release()
-		first := make(chan error, 1)
-		go func() { first <- w.Do(ctx, put("first")) }()
-		<-entered
 
 		diskFull := errors.New("no space left on device")
 		const n = 5
@@ -390,10 +394,8 @@ func TestCancelWhileQueued(t *testing.T) {
 		db := newFakeDB()
 		w := New(db.update, Options{})
 		defer w.Close()
-		entered, release := db.hold()
+		_, release := holdLeader(t, w, db, "first")
 		defer release()
-		go w.Do(t.Context(), put("first")) //nolint:errcheck // only holds the writer
-		<-entered
 		ctx, cancel := context.WithCancel(t.Context())
 		res := make(chan error, 1)
 		go func() { res <- w.Do(ctx, put("cancelled")) }()

@@ -65,11 +65,8 @@ func TestLeadPassesOn(t *testing.T) {
 		defer w.Close()
 		ctx := t.Context()
 
-		entered, release := db.hold()
+		first, release := holdLeader(t, w, db, "first")
 		defer release()
-		first := make(chan error, 1)
-		go func() { first <- w.Do(ctx, put("first")) }()
-		<-entered
 		entered2, release2 := db.hold() // the next commit waits too
 		defer release2()
 
@@ -128,11 +125,8 @@ func TestLeaderCommitsEarlierGroupsFirst(t *testing.T) {
 		db := newFakeDB()
 		w := New(db.update, Options{MaxGroup: 2, AsyncDelay: time.Hour})
 		defer w.Close()
-		entered, release := db.hold()
+		first, release := holdLeader(t, w, db, "first")
 		defer release()
-		first := make(chan error, 1)
-		go func() { first <- w.Do(t.Context(), put("first")) }()
-		<-entered
 		for _, name := range []string{"a", "b", "c"} {
 			if err := w.Go(put(name)); err != nil {
 				t.Fatal(err)
@@ -172,11 +166,8 @@ func TestAsyncAfterALeader(t *testing.T) {
 		db := newFakeDB()
 		w := New(db.update, Options{AsyncDelay: delay})
 		defer w.Close()
-		entered, release := db.hold()
+		first, release := holdLeader(t, w, db, "reserve-1")
 		defer release()
-		first := make(chan error, 1)
-		go func() { first <- w.Do(t.Context(), put("reserve-1")) }()
-		<-entered
 		if err := w.Go(put("finish-1")); err != nil {
 			t.Fatal(err)
 		}
