@@ -221,8 +221,9 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	return err
 }
 
-// enqueue locks w.mu and queues it, which came from pool. After Close it
-// unlocks w.mu, puts it back and returns ErrClosed.
+// enqueue locks w.mu, queues it (which came from pool) and returns nil
+// with w.mu held. After Close it unlocks w.mu, puts it back in pool and
+// returns ErrClosed.
 func (w *Writer[T]) enqueue(it *item[T], pool *sync.Pool) error {
 	w.mu.Lock()
 	if w.closed {
