@@ -37,8 +37,11 @@ type Hooks struct {
 	// name or key sends it again, and gets the server's stored answer.)
 	// If the finish mark failed, JournalError is called instead.
 	Settled func(op OperationInfo)
-	// InDoubt is called when an operation ends without an answer for the
-	// caller after a request may have reached the server: it stays pending
+	// InDoubt is called when an operation ends without a definite answer
+	// for the caller after a request may have reached the server: the
+	// caller got only an error, or the answer's body could not be read, or
+	// the answer says nothing of the outcome (a 401, 403 or 407 to a
+	// resend, a 409 "in progress" when attempts ran out). It stays pending
 	// for Resume or a re-drive.
 	InDoubt func(op OperationInfo, err error)
 	// Resumed is called by Resume for each operation it finished, with the
