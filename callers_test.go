@@ -3,14 +3,12 @@ package idem_test
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -73,28 +71,7 @@ func TestCallerRetriesWithoutKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var runs atomic.Int64
-			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				io.Copy(io.Discard, r.Body)
-				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, "charge %d", runs.Add(1))
-			})
-			var (
-				mu    sync.Mutex
-				first string
-			)
-			srv := idemtest.NewServer(h, idemtest.WithRetryAfter(0), idemtest.WithScript(func(key string, attempt int) idemtest.Fault {
-				mu.Lock()
-				defer mu.Unlock()
-				if first == "" {
-					first = key
-				}
-				if key == first && attempt <= len(tt.faults) {
-					return tt.faults[attempt-1]
-				}
-				return idemtest.NoFault
-			}))
-			defer srv.Close()
+			srv, firstKey := chargeServer(t, tt.faults...)
 			store := idem.NewMemoryStore()
 			// One attempt per RoundTrip: every retry is the SDK's.
 			c := idem.New(store, idem.WithBaseTransport(srv.Client().Transport), idem.WithMaxAttempts(1))
@@ -104,6 +81,7 @@ func TestCallerRetriesWithoutKey(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusCreated, status)
 			assert.Equal(t, "charge 1", body)
+			first := firstKey()
 			st := srv.Stats()
 			assert.Equal(t, 3, st.Requests)
 			require.Len(t, st.AttemptsByKey, 1, "the SDK's retries carried one key: %v", st.AttemptsByKey)

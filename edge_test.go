@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -142,21 +141,12 @@ func TestErrorShowsOnlyJournaledKeys(t *testing.T) {
 	})
 }
 
-// stallBody is a response body that blocks until it is closed.
-type stallBody struct {
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (s *stallBody) Read([]byte) (int, error) { <-s.closed; return 0, errors.New("closed") }
-func (s *stallBody) Close() error             { s.once.Do(func() { close(s.closed) }); return nil }
-
 // TestConflictBodyStalls: reading a 409's body to tell "in progress" from
 // "key already used" is bounded in time: a body that stalls counts as "in
 // progress", is closed, and the call goes on to its next attempt.
 func TestConflictBodyStalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		stalled := &stallBody{closed: make(chan struct{})}
+		stalled := idem.NewStalledBody()
 		var n int
 		rt := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			io.Copy(io.Discard, r.Body)
@@ -174,7 +164,7 @@ func TestConflictBodyStalls(t *testing.T) {
 		assert.Equal(t, http.StatusCreated, r.StatusCode)
 		assert.Equal(t, 2, n)
 		select {
-		case <-stalled.closed:
+		case <-stalled.Closed():
 		default:
 			t.Error("the stalled 409 body was not closed")
 		}

@@ -1,6 +1,10 @@
 package idem
 
-import "time"
+import (
+	"errors"
+	"sync"
+	"time"
+)
 
 // OpenBoltStorePerWrite opens a BoltStore that commits every change in its
 // own bbolt Update, without group commit: the benchmarks' baseline. It uses
@@ -56,3 +60,19 @@ func OpenBoltStoreHoldingMarks(path string, o *BoltOptions) (*BoltStore, error) 
 	opt.asyncDelay = time.Hour
 	return OpenBoltStore(path, &opt)
 }
+
+// StalledBody is a body whose every Read blocks until it is closed, for
+// the tests of the guards against a response body that stalls.
+type StalledBody struct {
+	once   sync.Once
+	closed chan struct{}
+}
+
+// NewStalledBody returns an open StalledBody.
+func NewStalledBody() *StalledBody { return &StalledBody{closed: make(chan struct{})} }
+
+func (s *StalledBody) Read([]byte) (int, error) { <-s.closed; return 0, errors.New("closed") }
+func (s *StalledBody) Close() error             { s.once.Do(func() { close(s.closed) }); return nil }
+
+// Closed returns a channel that is closed once the body is.
+func (s *StalledBody) Closed() <-chan struct{} { return s.closed }

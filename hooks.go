@@ -37,15 +37,19 @@ type Hooks struct {
 	// name or key sends it again, and gets the server's stored answer.)
 	// If the finish mark failed, JournalError is called instead.
 	Settled func(op OperationInfo)
-	// InDoubt is called when an operation ends without an answer for the
-	// caller after a request may have reached the server: it stays pending
+	// InDoubt is called when an operation ends without a definite answer
+	// for the caller after a request may have reached the server: the
+	// caller got only an error, or the answer's body could not be read, or
+	// the answer says nothing of the outcome (a 401, 403 or 407 to a
+	// resend, a 409 "in progress" when attempts ran out). It stays pending
 	// for Resume or a re-drive.
 	InDoubt func(op OperationInfo, err error)
 	// Resumed is called by Resume for each operation it finished, with the
 	// status it got (0 for none) or the error.
 	Resumed func(op OperationInfo, status int, err error)
-	// Expired is called when an operation is given up unsent because it is
-	// past the resend window.
+	// Expired is called when Resume gives up an operation unsent because
+	// it is past the resend window. (A call or re-drive refused for the
+	// same reason gets an error matching ErrExpired and calls no hook.)
 	Expired func(op OperationInfo)
 	// JournalCommit is called after each commit of the bbolt journal that
 	// Open opened (for a store given to New, use its own options, such as
@@ -137,8 +141,9 @@ type AttemptInfo struct {
 	// Latency is how long the attempt took until its response headers or
 	// its error.
 	Latency time.Duration
-	// Protocol is the HTTP version of the response, "1.1" or "2" (as
-	// OpenTelemetry's network.protocol.version), or "" when none came.
+	// Protocol is the HTTP version of the response, such as "1.1" or "2"
+	// (as OpenTelemetry's network.protocol.version), or "" when none came
+	// or the base RoundTripper did not set it.
 	Protocol string
 }
 
@@ -357,7 +362,9 @@ func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, 
 	j.journalFailed(ctx, hs, info, WriteReserve, err)
 }
 
-// protocolVersion returns resp's HTTP version as "1.1", "2" or "3".
+// protocolVersion returns resp's HTTP version as OpenTelemetry writes it:
+// "1.0", "1.1", "2", "3" (a minor version only when it is not 0, or for
+// HTTP/1), or "" when the response has none.
 func protocolVersion(resp *http.Response) string {
 	switch {
 	case resp.ProtoMajor == 1 && resp.ProtoMinor == 1:

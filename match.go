@@ -205,12 +205,17 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 	b := append(space[:0], fp[:]...)
 	// Header names as sent, with their canonical form (computed once, not
 	// in every comparison), sorted: maps iterate at random.
+	// The same walk collects the secret headers, for appendCredentials.
 	type name struct{ canon, sent string }
 	var buf [24]name
 	names := buf[:0]
-	for k := range req.Header {
-		ck := http.CanonicalHeaderKey(k)
-		if !c.secret[ck] && !c.volatile[ck] && ck != c.header {
+	var credSpace [8]credential
+	creds := credSpace[:0]
+	for k, vs := range req.Header {
+		switch ck := http.CanonicalHeaderKey(k); {
+		case c.secret[ck]:
+			creds = headerCredentials(creds, ck, vs)
+		case !c.volatile[ck] && ck != c.header:
 			names = append(names, name{ck, k})
 		}
 	}
@@ -231,23 +236,24 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 			return sha256.Sum256(appendString(b, 'p', p))
 		}
 	}
-	return sha256.Sum256(c.appendCredentials(b, req))
+	return sha256.Sum256(c.appendCredentials(b, req, creds))
 }
 
-// appendCredentials appends to b the credentials of req: its secret
-// headers, the URL's user info and the secret query parameters, in a
-// fixed order (maps iterate at random): sorted as their encodings would
-// sort, so that a call with a few credential headers costs no allocation.
-func (c *config) appendCredentials(b []byte, req *http.Request) []byte {
-	var space [8]credential
-	creds := space[:0]
-	for k, vs := range req.Header {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] {
-			for _, v := range vs {
-				creds = append(creds, credential{'h', ck, v, true})
-			}
-		}
+// headerCredentials appends to creds the values of the secret header ck.
+func headerCredentials(creds []credential, ck string, vs []string) []credential {
+	for _, v := range vs {
+		creds = append(creds, credential{'h', ck, v, true})
 	}
+	return creds
+}
+
+// appendCredentials appends to b the credentials of req: creds, its
+// secret headers (collected by the caller's walk of the header, see
+// headerCredentials), then the URL's user info and the secret query
+// parameters, in a fixed order (maps iterate at random): sorted as their
+// encodings would sort, so that a call with a few credential headers
+// costs no allocation.
+func (c *config) appendCredentials(b []byte, req *http.Request, creds []credential) []byte {
 	if u := req.URL.User; u != nil {
 		creds = append(creds, credential{tag: 'u', name: u.String()})
 	}

@@ -20,9 +20,10 @@ import (
 	"github.com/idemgo/idem/idemtest"
 )
 
-// chargeServer is an idemtest server whose handler counts its effects;
-// the first request of the first key it sees meets fault.
-func chargeServer(t *testing.T, fault idemtest.Fault) (*idemtest.Server, func() string) {
+// chargeServer is an idemtest server whose handler counts its effects
+// ("charge n"); the first key it sees meets faults, one per attempt, and
+// first returns that key. It closes with the test.
+func chargeServer(t *testing.T, faults ...idemtest.Fault) (srv *idemtest.Server, first func() string) {
 	t.Helper()
 	var runs atomic.Int64
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -31,22 +32,22 @@ func chargeServer(t *testing.T, fault idemtest.Fault) (*idemtest.Server, func() 
 		fmt.Fprintf(w, "charge %d", runs.Add(1))
 	})
 	var (
-		mu    sync.Mutex
-		first string
+		mu       sync.Mutex
+		firstKey string
 	)
-	srv := idemtest.NewServer(h, idemtest.WithRetryAfter(0), idemtest.WithScript(func(key string, attempt int) idemtest.Fault {
+	srv = idemtest.NewServer(h, idemtest.WithRetryAfter(0), idemtest.WithScript(func(key string, attempt int) idemtest.Fault {
 		mu.Lock()
 		defer mu.Unlock()
-		if first == "" {
-			first = key
+		if firstKey == "" {
+			firstKey = key
 		}
-		if key == first && attempt == 1 {
-			return fault
+		if key == firstKey && attempt <= len(faults) {
+			return faults[attempt-1]
 		}
 		return idemtest.NoFault
 	}))
 	t.Cleanup(srv.Close)
-	return srv, func() string { mu.Lock(); defer mu.Unlock(); return first }
+	return srv, func() string { mu.Lock(); defer mu.Unlock(); return firstKey }
 }
 
 // TestResendAfterResumeKeepsKey: a call left in doubt, then finished by

@@ -1,11 +1,9 @@
 package idem
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 )
@@ -14,15 +12,6 @@ import (
 // TestClientRecordsNotKeptAsPerformed checks the client against the
 // constant itself.
 const notKeptURI = "https://github.com/idemgo/idem/idemserver#already-used-response-not-kept"
-
-// stalledReader blocks until it is closed.
-type stalledReader struct {
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (s *stalledReader) Read([]byte) (int, error) { <-s.closed; return 0, errors.New("closed") }
-func (s *stalledReader) Close() error             { s.once.Do(func() { close(s.closed) }); return nil }
 
 // TestClassifyNotKept: a 409 problem saying the request was performed and
 // its answer not kept is classified performed, with its original_status
@@ -65,7 +54,7 @@ func TestClassifyNotKept(t *testing.T) {
 	}
 	t.Run("stalled", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			s := &stalledReader{closed: make(chan struct{})}
+			s := NewStalledBody()
 			body := io.MultiReader(strings.NewReader(`{"type":"`+notKeptURI+`","original_status":201`), s)
 			resp := &http.Response{StatusCode: http.StatusConflict, Header: http.Header{},
 				Body: struct {

@@ -465,15 +465,14 @@ func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	if v == performed {
 		o.notKept, o.original = true, notKeptStatus(resp)
 	}
-	doubt := o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
+	o.doubtful = o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
 		resp.StatusCode == http.StatusProxyAuthRequired) ||
 		v == transient && resp.StatusCode == http.StatusConflict
-	o.doubtful = doubt
 	if resp.Body == nil || resp.Body == http.NoBody {
-		o.received(v, doubt)
+		o.received(v)
 		return resp
 	}
-	o.answer = answerBody{rc: resp.Body, o: o, v: v, doubt: doubt}
+	o.answer = answerBody{rc: resp.Body, o: o, v: v}
 	resp.Body = &o.answer
 	return resp
 }
@@ -510,9 +509,10 @@ func notKeptOutcome(original int) (State, int, string) {
 	return state, original, "performed by server, answer not kept (original status " + strconv.Itoa(original) + ")"
 }
 
-// received ends the operation once its answer reached the caller.
-func (o *operation) received(v verdict, doubt bool) {
-	if doubt {
+// received ends the operation once its answer reached the caller: in
+// doubt if deliver found the answer leaves it so, else settled.
+func (o *operation) received(v verdict) {
+	if o.doubtful {
 		o.leaveInDoubt(o.status, fmt.Errorf("status %d to a resend", o.status))
 		return
 	}
@@ -523,17 +523,16 @@ func (o *operation) received(v verdict, doubt bool) {
 // or closing it, settles the operation; a read error leaves it in doubt.
 // It passes reads through as they come, so streams stay streams.
 type answerBody struct {
-	rc    io.ReadCloser
-	o     *operation
-	v     verdict
-	doubt bool
+	rc io.ReadCloser
+	o  *operation
+	v  verdict
 }
 
 func (b *answerBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	switch {
 	case err == io.EOF:
-		b.o.received(b.v, b.doubt)
+		b.o.received(b.v)
 	case err != nil:
 		b.o.leaveInDoubt(b.o.status, fmt.Errorf("reading the response body: %w", err))
 	}
@@ -542,6 +541,6 @@ func (b *answerBody) Read(p []byte) (int, error) {
 
 func (b *answerBody) Close() error {
 	err := b.rc.Close()
-	b.o.received(b.v, b.doubt)
+	b.o.received(b.v)
 	return err
 }

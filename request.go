@@ -13,8 +13,9 @@ import (
 )
 
 // checkRequest returns why req can never be sent, or nil: no URL, a scheme
-// other than http or https, no host, or a header that cannot be written.
-// Such a request is refused before anything is journaled.
+// other than http or https, no host, a method that is not a token, a
+// header that cannot be written, or a Host that cannot. Such a request is
+// refused before anything is journaled.
 func checkRequest(req *http.Request) error {
 	switch {
 	case req.URL == nil:

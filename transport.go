@@ -17,8 +17,9 @@ import (
 // For a keyed request (POST and PATCH by default) it:
 //
 //  1. refuses a request that can never be sent (no URL, a scheme other
-//     than http or https, no host, a header net/http would refuse to
-//     write, a body whose length is not its ContentLength);
+//     than http or https, no host, a method that is not a token, a header
+//     or Host net/http would refuse to write, a body whose length is not
+//     its ContentLength);
 //  2. chooses the key: WithKey, then WithOperation, then a key already on
 //     the request's header, then the key of a recent call in this process
 //     that was the same call (method, URL, body, non-volatile headers,
