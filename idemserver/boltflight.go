@@ -161,12 +161,13 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	// Read under f.mu: a Complete deletes its flight only after its
 	// record committed and entered the index, so this sees every record
-	// whose flight is gone. A key without a live record needs no read.
+	// whose flight is gone. A key without a live record needs no read;
+	// get checks that the record expires at exp, after b.Now.
 	if exp, ok := f.lookup(b.ID); ok && exp > expiresAt(b.Now) {
 		var c Claim
 		err := s.read(func(tx *bolt.Tx) error {
 			r, err := get(tx, b.ID, exp)
-			if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
+			if err != nil || r == nil || r.resp == nil {
 				return err
 			}
 			if r.fingerprint != b.Fingerprint {
@@ -245,10 +246,6 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	resp := c.Response
-	if resp.NotKept {
-		resp = &Response{Status: resp.Status, NotKept: true}
-	}
 	f := &s.flights
 	f.mu.Lock()
 	fl, err := f.held(c.ID, c.Token, c.Now)
@@ -267,7 +264,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if hadOld {
 		oldKey = recordKey(old, c.ID)
 	}
-	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
+	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: c.Response})
 	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
 	f.mu.Lock()
 	defer f.mu.Unlock()
