@@ -227,7 +227,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.maxBody), 0)
 		return
 	}
-	r.Body = newBodyReader(body)
+	br := newBodyReader(body)
+	r.Body = br
 
 	method, fp := r.Method, ""
 	if h.rt.webhook != nil {
@@ -244,7 +245,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
 			return
 		}
-		r.Body = newBodyReader(body)
+		br.Reset(body) // for the handler, whatever id read
+		r.Body = br
 	} else {
 		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
 		fp = hexSum(buf)
