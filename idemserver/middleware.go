@@ -46,7 +46,9 @@ import (
 //   - A response is stored, durably, before it is sent, so a client that
 //     received an answer gets the same one on retry, even after a crash.
 //     If it cannot be stored, the client gets 503 (ProblemNotStored)
-//     instead and the key stays locked until its lease lapses.
+//     instead and the key stays locked until its lease lapses (or, when
+//     the request's transaction rolled back for certain, ErrRolledBack,
+//     is released at once: nothing of the handler's remains).
 //   - A response over WithMaxResponseBytes, a hijacked connection, a
 //     stream that failed or panicked after its first flush: the handler
 //     ran and the client saw (part of) its answer, so the key keeps a
