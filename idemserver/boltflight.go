@@ -110,7 +110,8 @@ type flight struct {
 	completing         bool // Complete is committing its record: not to be taken over
 }
 
-// live returns the flight of id that holds it at now, if any.
+// live returns the flight of id that holds it at now, if any (a
+// completing one whatever its lease); f.mu must be held.
 func (f *flights) live(id string, now time.Time) *flight {
 	fl := f.m[id]
 	if fl == nil || (!fl.completing && !fl.expires.After(now)) {
