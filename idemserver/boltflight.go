@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -21,7 +20,7 @@ import (
 // under the same lock, is the index of the stored keys.
 type flights struct {
 	mu     sync.Mutex
-	tokens atomic.Uint64 // the last token given
+	tokens uint64 // the last token given; under mu, like everything here
 	m      map[string]*flight
 	// The index of stored keys: id -> expiry of its record (see
 	// expiresAt); changed after commits only. An id is in stored or in
@@ -201,7 +200,8 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	// The token need only be unique among this store's flights, which
 	// live in this process.
-	tok := strconv.FormatUint(f.tokens.Add(1), 36)
+	f.tokens++
+	tok := strconv.FormatUint(f.tokens, 36)
 	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
