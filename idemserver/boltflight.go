@@ -195,9 +195,6 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		}
 		s.gone.Store(false)
 	}
-	if f.m == nil {
-		f.m = make(map[string]*flight)
-	}
 	// The token need only be unique among this store's flights, which
 	// live in this process.
 	f.tokens++
