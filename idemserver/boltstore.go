@@ -256,8 +256,8 @@ func (s *BoltStore) Close() error {
 	return errors.Join(rerr, s.f.Release())
 }
 
-// record is a stored key: in flight while resp is nil (only in a file
-// written by an earlier release: this one keeps its flights in memory).
+// record is a stored key: in flight while resp is nil (a record this
+// release never writes: it keeps its flights in memory).
 type record struct {
 	fingerprint string
 	expires     time.Time
