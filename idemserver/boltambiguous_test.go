@@ -41,7 +41,7 @@ func TestBoltCommitFailedAfterWrite(t *testing.T) {
 
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	c, err := s.Begin(ctx, Begin{ID: "k", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	c, err := beginAt(s, "k", t0)
 	if err != nil || c.State != StateAcquired {
 		t.Fatalf("Begin: %v %v", c.State, err)
 	}
@@ -53,8 +53,7 @@ func TestBoltCommitFailedAfterWrite(t *testing.T) {
 	failSync.Store(false)
 
 	// The lease lapsed; the client retries.
-	now := t0.Add(2 * time.Minute)
-	c, err = s.Begin(ctx, Begin{ID: "k", Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+	c, err = beginAt(s, "k", t0.Add(2*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,15 +19,10 @@ import (
 // The store's file handling is the idem journal's (internal/boltfile):
 // these tests prove what the store gained from it.
 
-// complete stores a response of body for id at t0, kept for an hour.
-func complete(t *testing.T, s *idemserver.BoltStore, id string, body []byte) {
+// complete stores a 201 of body for the new key id (see completeWith).
+func complete(t *testing.T, s idemserver.Store, id string, body []byte) {
 	t.Helper()
-	ctx := context.Background()
-	c, err := s.Begin(ctx, idemserver.Begin{ID: id, Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
-	require.NoError(t, err)
-	require.Equal(t, idemserver.StateAcquired, c.State)
-	resp := &idemserver.Response{Status: 201, Header: map[string][]string{}, Body: body}
-	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: id, Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	completeWith(t, s, id, &idemserver.Response{Status: 201, Header: map[string][]string{}, Body: body})
 }
 
 func TestOpenBoltStoreRefusesPathsLikeTheJournal(t *testing.T) {

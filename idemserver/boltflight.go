@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -21,7 +20,7 @@ import (
 // under the same lock, is the index of the stored keys.
 type flights struct {
 	mu     sync.Mutex
-	tokens atomic.Uint64 // the last token given
+	tokens uint64 // the last token given; under mu, like everything here
 	m      map[string]*flight
 	// The index of stored keys: id -> expiry of its record (see
 	// expiresAt); changed after commits only. An id is in stored or in
@@ -110,7 +109,8 @@ type flight struct {
 	completing         bool // Complete is committing its record: not to be taken over
 }
 
-// live returns the flight of id that holds it at now, if any.
+// live returns the flight of id that holds it at now, if any (a
+// completing one whatever its lease); f.mu must be held.
 func (f *flights) live(id string, now time.Time) *flight {
 	fl := f.m[id]
 	if fl == nil || (!fl.completing && !fl.expires.After(now)) {
@@ -161,12 +161,13 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	// Read under f.mu: a Complete deletes its flight only after its
 	// record committed and entered the index, so this sees every record
-	// whose flight is gone. A key without a live record needs no read.
+	// whose flight is gone. A key without a live record needs no read;
+	// get checks that the record expires at exp, after b.Now.
 	if exp, ok := f.lookup(b.ID); ok && exp > expiresAt(b.Now) {
 		var c Claim
 		err := s.read(func(tx *bolt.Tx) error {
 			r, err := get(tx, b.ID, exp)
-			if err != nil || r == nil || !r.expires.After(b.Now) || r.resp == nil {
+			if err != nil || r == nil || r.resp == nil {
 				return err
 			}
 			if r.fingerprint != b.Fingerprint {
@@ -194,12 +195,10 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		}
 		s.gone.Store(false)
 	}
-	if f.m == nil {
-		f.m = make(map[string]*flight)
-	}
 	// The token need only be unique among this store's flights, which
 	// live in this process.
-	tok := strconv.FormatUint(f.tokens.Add(1), 36)
+	f.tokens++
+	tok := strconv.FormatUint(f.tokens, 36)
 	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
@@ -245,10 +244,6 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	resp := c.Response
-	if resp.NotKept {
-		resp = &Response{Status: resp.Status, NotKept: true}
-	}
 	f := &s.flights
 	f.mu.Lock()
 	fl, err := f.held(c.ID, c.Token, c.Now)
@@ -267,7 +262,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if hadOld {
 		oldKey = recordKey(old, c.ID)
 	}
-	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: resp})
+	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: c.Response})
 	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
 	f.mu.Lock()
 	defer f.mu.Unlock()

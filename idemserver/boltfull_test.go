@@ -35,7 +35,7 @@ func TestBoltIndexAfterFailedCommit(t *testing.T) {
 	big := &Response{Status: 201, Header: map[string][]string{}, Body: bytes.Repeat([]byte("b"), 4<<20)}
 	begin := func(id string, now time.Time) Claim {
 		t.Helper()
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+		c, err := beginAt(s, id, now)
 		if err != nil {
 			t.Fatalf("Begin %s: %v", id, err)
 		}
@@ -118,8 +118,7 @@ func TestBoltIndexAfterFailedCommit(t *testing.T) {
 			t.Errorf("%d records in the file, want 2", n)
 		}
 		for _, id := range []string{"new", "old"} {
-			later := now.Add(time.Minute)
-			c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: later, LeaseUntil: later.Add(time.Minute)})
+			c, err := beginAt(s, id, now.Add(time.Minute))
 			if err != nil || c.State != StateDone || len(c.Response.Body) != len(big.Body) {
 				t.Errorf("%s: %v %v, want done with the big body", id, c.State, err)
 			}

@@ -28,17 +28,11 @@ func TestBoltBeginFailsClosedAfterMissingRecord(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	resp := &Response{Status: 201, Header: map[string][]string{}, Body: []byte("ok")}
-	for _, id := range []string{"k", "other"} {
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if id == "other" {
-			continue
-		}
-		if err := s.Complete(ctx, Completion{ID: id, Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
+	if err := completeAt(s, "k", t0, resp, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := beginAt(s, "other", t0); err != nil {
+		t.Fatal(err)
 	}
 	// k's record leaves the file, its entry stays in the index.
 	if err := s.write(ctx, func(tx *bolt.Tx) error {
@@ -61,7 +55,7 @@ func TestBoltBeginFailsClosedAfterMissingRecord(t *testing.T) {
 	if _, err := s.Sweep(ctx, t0); !errors.Is(err, idem.ErrJournalWrite) {
 		t.Fatalf("Sweep: %v, want ErrJournalWrite", err)
 	}
-	c, err := s.Begin(ctx, Begin{ID: "k", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	c, err := beginAt(s, "k", t0)
 	if err == nil {
 		t.Fatalf("Begin of k: %v, want an error (the file was replaced)", c.State)
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // load migrates a file of format 2 to the current one and builds the
-// index of stored keys.
+// index of stored keys (and the empty map of flights).
 func (s *BoltStore) load() error {
 	v2 := false
 	err := s.f.View(func(tx *bolt.Tx) error {
@@ -37,7 +37,7 @@ func (s *BoltStore) load() error {
 			// (there is none, unless the file was damaged) wins.
 			stored[string(k[8:])] = binary.BigEndian.Uint64(k)
 		}
-		s.flights.stored, s.flights.peak = stored, len(stored)
+		s.flights.m, s.flights.stored, s.flights.peak = make(map[string]*flight), stored, len(stored)
 		return nil
 	})
 }

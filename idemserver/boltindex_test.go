@@ -23,14 +23,7 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	resp := &Response{Status: 201, Header: map[string][]string{}, Body: []byte("ok")}
 	complete := func(id string, now time.Time, keep time.Duration) error {
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
-		if err != nil {
-			return err
-		}
-		if c.State != StateAcquired {
-			return fmt.Errorf("%s at %v: %v, want acquired", id, now.Sub(t0), c.State)
-		}
-		return s.Complete(ctx, Completion{ID: id, Token: c.Token, Response: resp, Now: now, Until: now.Add(keep)})
+		return completeAt(s, id, now, resp, now.Add(keep))
 	}
 	const workers, keys = 4, 50
 	var wg sync.WaitGroup
@@ -75,17 +68,13 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 		if _, err := s.Sweep(ctx, t0.Add(2*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		s.flights.mu.Lock()
-		got := s.flights.indexed()
-		s.flights.mu.Unlock()
-		if got != workers*keys {
+		if got := indexLen(s); got != workers*keys {
 			t.Errorf("index holds %d keys, want %d", got, workers*keys)
 		}
 		for w := range workers {
 			for i := range keys {
 				id := fmt.Sprintf("w%d-k%d", w, i)
-				now := t0.Add(time.Minute)
-				c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+				c, err := beginAt(s, id, t0.Add(time.Minute))
 				if err != nil || c.State != StateDone {
 					t.Fatalf("%s: %v %v, want done", id, c.State, err)
 				}
@@ -106,7 +95,7 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 	if err != nil || n != workers*keys {
 		t.Fatalf("Sweep at +2h: %d, %v; want %d", n, err, workers*keys)
 	}
-	if s.flights.indexed() != 0 {
-		t.Errorf("index holds %d keys after the last sweep, want 0", s.flights.indexed())
+	if n := indexLen(s); n != 0 {
+		t.Errorf("index holds %d keys after the last sweep, want 0", n)
 	}
 }

@@ -37,9 +37,9 @@ func childMigrate() int {
 }
 
 // TestBoltMigrationCrash kills a child process (SIGKILL) at points spread
-// over its Open of a format 2 file, and a little past its end, whose conversion is one transaction: whatever
-// the moment, the next Open finds every record once, in the current
-// format, and replays each.
+// over its Open of a format 2 file, whose conversion is one transaction,
+// and a little past its end: whatever the moment, the next Open finds
+// every record once, in the current format, and replays each.
 func TestBoltMigrationCrash(t *testing.T) {
 	const n = 5000
 	dir := t.TempDir()

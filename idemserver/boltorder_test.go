@@ -29,7 +29,7 @@ func TestBoltExpiryOrderEdges(t *testing.T) {
 	}
 	complete := func(id string, begin, now, until time.Time, body string) {
 		t.Helper()
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: begin, LeaseUntil: begin.Add(time.Minute)})
+		c, err := beginAt(s, id, begin)
 		if err != nil || c.State != StateAcquired {
 			t.Fatalf("Begin %s: %v %v, want acquired", id, c.State, err)
 		}
@@ -39,7 +39,7 @@ func TestBoltExpiryOrderEdges(t *testing.T) {
 	}
 	replays := func(id string, now time.Time, body string) {
 		t.Helper()
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+		c, err := beginAt(s, id, now)
 		switch {
 		case err != nil:
 			t.Fatalf("Begin %s at %v: %v", id, now.Sub(t0), err)

@@ -202,13 +202,14 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	total := s.flights.sweep(now)
 	var gone [][]byte
+	until := expiresAt(now)
 	for {
 		err := s.write(ctx, func(tx *bolt.Tx) error {
 			gone = gone[:0]
 			b := tx.Bucket(bucketRecords)
 			c := b.Cursor()
 			for k, _ := c.First(); k != nil && len(gone) < sweepChunk; k, _ = c.Next() {
-				if len(k) >= 8 && binary.BigEndian.Uint64(k) > expiresAt(now) {
+				if len(k) >= 8 && binary.BigEndian.Uint64(k) > until {
 					break
 				}
 				gone = append(gone, append([]byte(nil), k...))
@@ -255,10 +256,10 @@ func (s *BoltStore) Close() error {
 	return errors.Join(rerr, s.f.Release())
 }
 
-// record is a stored key: in flight while resp is nil.
+// record is a stored key: in flight while resp is nil (a record this
+// release never writes: it keeps its flights in memory).
 type record struct {
 	fingerprint string
-	token       string
 	expires     time.Time
 	resp        *Response
 }
@@ -292,9 +293,9 @@ func get(tx *bolt.Tx, id string, exp uint64) (*record, error) {
 }
 
 // encode writes a record in the codec's server format (versioned,
-// checksummed, headers sorted).
+// checksummed, headers sorted); of a response not kept, only its status.
 func encode(r *record) []byte {
-	c := codec.ServerRecord{Kind: codec.ServerInFlight, Expires: r.expires.UnixNano(), Fingerprint: r.fingerprint, Token: r.token}
+	c := codec.ServerRecord{Kind: codec.ServerInFlight, Expires: r.expires.UnixNano(), Fingerprint: r.fingerprint}
 	switch {
 	case r.resp == nil:
 	case r.resp.NotKept:
@@ -313,7 +314,7 @@ func decode(v []byte) (*record, error) {
 	if err := codec.ServerDecode(v, &c); err != nil {
 		return nil, err
 	}
-	r := &record{expires: time.Unix(0, c.Expires), fingerprint: c.Fingerprint, token: c.Token}
+	r := &record{expires: time.Unix(0, c.Expires), fingerprint: c.Fingerprint}
 	switch c.Kind {
 	case codec.ServerNotKept:
 		r.resp = &Response{Status: c.Status, NotKept: true}

@@ -30,15 +30,23 @@ func TestBoltStore(t *testing.T) {
 
 var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-// completeDone claims the key "done" at t0 and completes it with a 201
-// whose body is body, kept for an hour; it returns the stored response.
-func completeDone(t *testing.T, s idemserver.Store, body string) *idemserver.Response {
+// completeWith claims the new key id at t0 (fingerprint "fp") and
+// completes it with resp, kept for an hour.
+func completeWith(t *testing.T, s idemserver.Store, id string, resp *idemserver.Response) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := s.Begin(ctx, idemserver.Begin{ID: "done", Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+	c, err := s.Begin(ctx, idemserver.Begin{ID: id, Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
 	require.NoError(t, err)
+	require.Equal(t, idemserver.StateAcquired, c.State)
+	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: id, Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+}
+
+// completeDone stores a 201 of body with a Location for the key "done"
+// (see completeWith) and returns the stored response.
+func completeDone(t *testing.T, s idemserver.Store, body string) *idemserver.Response {
+	t.Helper()
 	resp := &idemserver.Response{Status: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte(body)}
-	require.NoError(t, s.Complete(ctx, idemserver.Completion{ID: "done", Token: c.Token, Response: resp, Now: t0, Until: t0.Add(time.Hour)}))
+	completeWith(t, s, "done", resp)
 	return resp
 }
 

@@ -28,7 +28,7 @@ func TestBoltSweepRacesComplete(t *testing.T) {
 	stale := 0
 	for i := range 200 {
 		id := fmt.Sprintf("k%03d", i)
-		c, err := s.Begin(ctx, Begin{ID: id, Fingerprint: "fp", Now: t0, LeaseUntil: t0.Add(time.Minute)})
+		c, err := beginAt(s, id, t0)
 		if err != nil || c.State != StateAcquired {
 			t.Fatalf("Begin %s: %v %v", id, c.State, err)
 		}
@@ -54,10 +54,7 @@ func TestBoltSweepRacesComplete(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		s.flights.mu.Lock()
-		_, inIndex := s.flights.lookup(id)
-		s.flights.mu.Unlock()
-		if inIndex != inFile {
+		if inIndex := indexHas(s, id); inIndex != inFile {
 			if !inIndex {
 				t.Fatalf("%s: the file holds its record, the index does not", id)
 			}
@@ -67,10 +64,7 @@ func TestBoltSweepRacesComplete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.flights.mu.Lock()
-	left := s.flights.indexed()
-	s.flights.mu.Unlock()
-	if stale > 0 || left > 0 {
+	if left := indexLen(s); stale > 0 || left > 0 {
 		t.Errorf("%d of 200 keys left in the index after their records were swept (%d left at the end)", stale, left)
 	}
 }

@@ -2,6 +2,8 @@ package idemserver_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -162,4 +164,27 @@ func TestWebhookConcurrentDuplicate(t *testing.T) {
 		<-done
 		assert.EqualValues(t, 1, a.runs.Load())
 	})
+}
+
+// TestWebhookBodyAfterEventID: an EventID that reads the request's body
+// itself leaves the handler the whole body all the same.
+func TestWebhookBodyAfterEventID(t *testing.T) {
+	const body = `{"id":"evt_1","amount":1}`
+	readsBody := func(r *http.Request, _ []byte) (string, error) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil || string(b) != body {
+			return "", fmt.Errorf("EventID read %q, %v", b, err)
+		}
+		return "evt_1", nil
+	}
+	var got string
+	h := idemserver.New(idemserver.NewMemoryStore()).Webhook(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = string(b)
+		w.WriteHeader(http.StatusNoContent)
+	}), readsBody)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/hooks", strings.NewReader(body)))
+	assert.Equal(t, http.StatusNoContent, w.Code, w.Body.String())
+	assert.Equal(t, body, got, "the handler's body")
 }

@@ -39,6 +39,18 @@ func (d *dropFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// tooLargeToKeep returns a route of idemserver's middleware whose handler
+// counts its runs and answers status with a body too large to keep.
+func tooLargeToKeep(runs *atomic.Int32, status int) http.Handler {
+	return idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(status)
+			io.WriteString(w, strings.Repeat("charged ", 8)) // over 16 bytes: not kept
+		}))
+}
+
 // TestClientRecordsNotKeptAsPerformed: idem's client calls idemserver's
 // middleware in front of a handler whose answer is too large to keep; the
 // first answer is lost, so the retry under the same key gets 409
@@ -58,13 +70,7 @@ func TestClientRecordsNotKeptAsPerformed(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var runs atomic.Int32
-			h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
-				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					runs.Add(1)
-					io.Copy(io.Discard, r.Body)
-					w.WriteHeader(tt.original)
-					io.WriteString(w, strings.Repeat("charged ", 8)) // over 16 bytes: not kept
-				}))
+			h := tooLargeToKeep(&runs, tt.original)
 			store := idem.NewMemoryStore()
 			c := idem.New(store, idem.WithBaseTransport(&dropFirst{h: h}),
 				idem.WithBackoff(time.Millisecond, time.Millisecond), idem.WithMaxAttempts(4))
@@ -97,13 +103,7 @@ func TestClientRecordsNotKeptAsPerformed(t *testing.T) {
 // performed with the original status, the handler not run again.
 func TestResumeRecordsNotKeptAsPerformed(t *testing.T) {
 	var runs atomic.Int32
-	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
-		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			io.Copy(io.Discard, r.Body)
-			w.WriteHeader(http.StatusCreated)
-			io.WriteString(w, strings.Repeat("charged ", 8))
-		}))
+	h := tooLargeToKeep(&runs, http.StatusCreated)
 	store := idem.NewMemoryStore()
 	c := idem.New(store, idem.WithBaseTransport(&dropFirst{h: h}), idem.WithMaxAttempts(1))
 	defer c.Close()

@@ -3,10 +3,9 @@ package idemserver
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // MemoryStore is a Store that keeps its records in memory: they do not
@@ -16,6 +15,7 @@ import (
 type MemoryStore struct {
 	mu      sync.Mutex
 	records map[string]*memRecord
+	tokens  uint64 // the last token given
 	closed  bool
 }
 
@@ -50,7 +50,10 @@ func (s *MemoryStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 			return Claim{State: StateDone, Response: cloneResponse(r.resp)}, nil
 		}
 	}
-	tok := uuid.NewString()
+	// The token need only be unique among this store's records, which
+	// live in this process (as a BoltStore's flights do).
+	s.tokens++
+	tok := strconv.FormatUint(s.tokens, 36)
 	s.records[b.ID] = &memRecord{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }

@@ -46,7 +46,9 @@ import (
 //   - A response is stored, durably, before it is sent, so a client that
 //     received an answer gets the same one on retry, even after a crash.
 //     If it cannot be stored, the client gets 503 (ProblemNotStored)
-//     instead and the key stays locked until its lease lapses.
+//     instead and the key stays locked until its lease lapses (or, when
+//     the request's transaction rolled back for certain, ErrRolledBack,
+//     is released at once: nothing of the handler's remains).
 //   - A response over WithMaxResponseBytes, a hijacked connection, a
 //     stream that failed or panicked after its first flush: the handler
 //     ran and the client saw (part of) its answer, so the key keeps a
@@ -227,7 +229,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("The request body exceeds %d bytes.", m.cfg.maxBody), 0)
 		return
 	}
-	r.Body = newBodyReader(body)
+	br := newBodyReader(body)
+	r.Body = br
 
 	method, fp := r.Method, ""
 	if h.rt.webhook != nil {
@@ -244,7 +247,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
 			return
 		}
-		r.Body = newBodyReader(body)
+		br.Reset(body) // for the handler, whatever id read
+		r.Body = br
 	} else {
 		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
 		fp = hexSum(buf)

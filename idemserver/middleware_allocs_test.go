@@ -15,7 +15,8 @@ import (
 // headers (two of them replayed): 53 before the recorder kept only the
 // replay headers at WriteHeader (it cloned the whole header, then picked
 // from the clone) and the recorder and renewer became fields of the run,
-// 48 after.
+// 48 after, 46 once the memory store's tokens were a counter, not a
+// random UUID.
 func TestMiddlewareAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -44,7 +45,7 @@ func TestMiddlewareAllocations(t *testing.T) {
 		i++
 	})
 	t.Logf("%.1f allocations per new key", allocs)
-	if allocs > 48 {
-		t.Errorf("%.1f allocations per new key, want at most 48", allocs)
+	if allocs > 46 {
+		t.Errorf("%.1f allocations per new key, want at most 46", allocs)
 	}
 }

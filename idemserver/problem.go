@@ -37,7 +37,8 @@ const (
 	// but its answer could not be stored (the store failed, or the lease
 	// on the key was lost while the handler ran): the handler's answer is
 	// withheld, because a retry might get another one. The key stays
-	// locked until its lease lapses.
+	// locked until its lease lapses, unless the request's transaction
+	// rolled back for certain (see TxStore): then it is released.
 	ProblemNotStored = "https://github.com/idemgo/idem/idemserver#response-not-stored"
 	// ProblemNotKept is the type of the 409 answer to a retry of a
 	// request that was handled and answered, but whose answer could not

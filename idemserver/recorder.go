@@ -74,16 +74,14 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// passThrough sends the status and the body buffered so far.
+// passThrough sends the status and the body buffered so far, if they
+// were not sent yet.
 func (rec *recorder) passThrough() {
 	if rec.through {
 		return
 	}
 	rec.through = true
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-		rec.sent = pick(rec.w.Header(), rec.replay)
-	}
+	rec.WriteHeader(http.StatusOK) // unless the handler wrote its own
 	rec.w.WriteHeader(rec.status)
 	if rec.body.Len() > 0 {
 		if _, err := rec.w.Write(rec.body.Bytes()); err != nil {
@@ -122,14 +120,6 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the underlying writer, for http.ResponseController's
 // other features (deadlines, full duplex).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
-
-// finish sends the response if it is still buffered.
-func (rec *recorder) finish() {
-	if rec.through {
-		return
-	}
-	rec.passThrough()
-}
 
 var (
 	_ http.Flusher  = (*recorder)(nil)

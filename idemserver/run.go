@@ -89,9 +89,7 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	stopRenew()
 
-	if rec.status == 0 && !rec.hijacked { // the handler wrote nothing: net/http would answer 200
-		rec.WriteHeader(http.StatusOK)
-	}
+	rec.WriteHeader(http.StatusOK) // a handler that wrote no status answers 200, as under net/http
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
 		u.done = true
 		u.rollback()
@@ -103,14 +101,14 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 	if resp == nil {
 		u.rollback()
 		u.release(why)
-		rec.finish()
+		rec.passThrough()
 		return
 	}
 	if err := u.complete(r, resp, why); err != nil {
 		u.fail(rec, "The request was handled, but its answer could not be stored; it is withheld.")
 		return
 	}
-	rec.finish()
+	rec.passThrough()
 }
 
 // outcome returns what to store for the handler's answer, with why when it
