@@ -7,11 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,44 +56,6 @@ func pgJournalSchema(t *testing.T) (dsn, schema string) {
 		}
 	})
 	return dsn, schema
-}
-
-// sharedProvider answers 201, cuts the connection on /lost until healed,
-// and records every request's headers.
-type sharedProvider struct {
-	*httptest.Server
-	healed atomic.Bool
-	mu     sync.Mutex
-	seen   []http.Header
-}
-
-func newSharedProvider(t *testing.T) *sharedProvider {
-	p := &sharedProvider{}
-	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		p.mu.Lock()
-		p.seen = append(p.seen, r.Header.Clone())
-		p.mu.Unlock()
-		if strings.HasPrefix(r.URL.Path, "/lost") && !p.healed.Load() {
-			panic(http.ErrAbortHandler)
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	t.Cleanup(p.Close)
-	return p
-}
-
-// sentWith returns the requests whose header name carried value.
-func (p *sharedProvider) sentWith(name, value string) []http.Header {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []http.Header
-	for _, h := range p.seen {
-		if h.Get(name) == value {
-			out = append(out, h)
-		}
-	}
-	return out
 }
 
 // lookAt opens a store of its own on the shared journal, for the test to
@@ -200,7 +159,7 @@ func keepsPolicy() bool {
 // not created; expire takes an operation whose replica died.
 func TestSharedJournalIsListed(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond))
 	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
 	lostKey := app.pay(t, "pay:lost", p.URL+"/lost")
@@ -284,7 +243,7 @@ func TestSharedJournalIsListed(t *testing.T) {
 // holds is neither expired nor resent by the command; pending says so.
 func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	p.healed.Store(true)
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"))
 	leased := leasedByLiveReplica(t, app.store, p.URL+"/lost-leased", "Idempotency-Key")
@@ -354,7 +313,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 		t.Skip("pgstore keeps no policy (idem.PolicyStore): resume refuses, see TestSharedJournalNeverTakesALiveLease")
 	}
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	policy := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 3 * time.Hour, Retention: 5 * time.Hour}
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond),
 		idem.WithKeyHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
@@ -426,7 +385,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 // the named operation keeps its key.
 func TestSharedGCKeepsTheFloor(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	app := newReplica(t, dsn, schema, idem.WithResendWindow(3*time.Hour), idem.WithRetention(5*time.Hour))
 	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
 	require.NoError(t, app.c.Close())
