@@ -380,7 +380,7 @@ func (c *cli) stats(_ []string) (err error) {
 		if oldest.IsZero() || op.Created.Before(oldest) {
 			oldest = op.Created
 		}
-		switch c.view(op, false, false).Resend {
+		switch c.resend(op) {
 		case "past resend window":
 			st.PastResendWindow++
 		case "needs credentials":
