@@ -58,6 +58,16 @@ func pgJournalSchema(t *testing.T) (dsn, schema string) {
 	return dsn, schema
 }
 
+// sharedIdem builds the idem command and returns it with a function
+// that runs it on the shared journal in schema.
+func sharedIdem(t *testing.T, dsn, schema string) (string, func(args ...string) (int, string, string)) {
+	t.Helper()
+	bin := buildIdem(t, t.TempDir())
+	return bin, func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
+	}
+}
+
 // lookAt opens a store of its own on the shared journal, for the test to
 // read what the command did.
 func lookAt(t *testing.T, dsn, schema string) *pgstore.Store {
@@ -165,10 +175,7 @@ func TestSharedJournalIsListed(t *testing.T) {
 	lostKey := app.pay(t, "pay:lost", p.URL+"/lost")
 	require.NoError(t, app.c.Close())
 	look := lookAt(t, dsn, schema)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	bin, idemOn := sharedIdem(t, dsn, schema)
 	decode := func(v any, args ...string) {
 		t.Helper()
 		code, out, errOut := idemOn(append([]string{"--json"}, args...)...)
@@ -250,10 +257,7 @@ func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	// A lapsed operation after it in key order: take's Claim meets it
 	// first, and must give it back.
 	later := forgeShared(t, app.store, "pay:later", p.URL+"/later", "Idempotency-Key", time.Now())
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, out, errOut := idemOn("pending")
 	require.Equal(t, exitOK, code, errOut)
@@ -329,10 +333,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	waitLapsed(t, look, lost)
 	waitLapsed(t, look, secret)
 	p.healed.Store(true)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, _, errOut := idemOn("resume", "--resend-window", "10h")
 	assert.Equal(t, exitUsage, code)
@@ -390,10 +391,7 @@ func TestSharedGCKeepsTheFloor(t *testing.T) {
 	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
 	require.NoError(t, app.c.Close())
 	look := lookAt(t, dsn, schema)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, _, errOut := idemOn("gc", "--retention", "0s")
 	if !keepsPolicy() {
