@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -163,10 +164,10 @@ func plural(n int, what string) string {
 
 // thousands formats n with a comma every three digits: 10,000.
 func thousands(n int) string {
-	s := fmt.Sprint(n)
 	if n < 0 {
 		return "-" + thousands(-n)
 	}
+	s := strconv.Itoa(n)
 	for i := len(s) - 3; i > 0; i -= 3 {
 		s = s[:i] + "," + s[i:]
 	}

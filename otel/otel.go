@@ -217,6 +217,9 @@ type Instrumentation struct {
 // reads.
 const maxWalk = 100_000
 
+// walkPage is how many pending operations one read of that walk asks for.
+const walkPage = 500
+
 // Version returns the version of this module as the build records it, or
 // "(devel)" in a workspace or a build from source.
 func Version() string {
@@ -363,7 +366,7 @@ func (in *Instrumentation) observePending(ctx context.Context, j Journal, o metr
 		seen         int
 	)
 	for after := ""; seen < maxWalk; {
-		page, err := j.Pending(ctx, after, 500)
+		page, err := j.Pending(ctx, after, walkPage)
 		if errors.Is(err, idem.ErrClosed) {
 			return nil // the Client closed before Shutdown: nothing to observe
 		}
@@ -381,7 +384,7 @@ func (in *Instrumentation) observePending(ctx context.Context, j Journal, o metr
 				oldest = op.Created
 			}
 		}
-		if len(page) < 500 {
+		if len(page) < walkPage {
 			break
 		}
 		after = page[len(page)-1].Key

@@ -61,25 +61,16 @@ func TestSpanPerRequestWritten(t *testing.T) {
 	}
 	assert.Equal(t, map[string][]int64{"pay:a": {0}, "pay:b": {0, 1}, "pay:c": {0, 1}}, resends, "http.request.resend_count by operation")
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
+	m := collect(t, reader)
 	var counted, histogram int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				if m.Name == idemotel.MetricAttempts {
-					for _, p := range d.DataPoints {
-						counted += p.Value
-					}
-				}
-			case metricdata.Histogram[float64]:
-				if m.Name == "http.client.request.duration" {
-					for _, p := range d.DataPoints {
-						histogram += int64(p.Count)
-					}
-				}
-			}
+	if d, ok := m[idemotel.MetricAttempts].Data.(metricdata.Sum[int64]); ok {
+		for _, p := range d.DataPoints {
+			counted += p.Value
+		}
+	}
+	if d, ok := m["http.client.request.duration"].Data.(metricdata.Histogram[float64]); ok {
+		for _, p := range d.DataPoints {
+			histogram += int64(p.Count)
 		}
 	}
 	assert.Equal(t, int64(srv.Requests()), counted, "%s", idemotel.MetricAttempts)

@@ -57,12 +57,15 @@ func maybeSent(err error) bool {
 
 // dbError wraps an error from PostgreSQL: the journal could not be
 // reached or could not take the change. A permission error also matches
-// ErrPermission.
+// ErrPermission. key may be "" (a call of no one record: pending, sweep).
 func dbError(what, key string, err error) error {
-	if sqlState(err) == "42501" {
-		return fmt.Errorf("pgstore: %s %s: %w: %w: %w", what, key, ErrPermission, idem.ErrJournalWrite, err)
+	if key != "" {
+		what += " " + key
 	}
-	return fmt.Errorf("pgstore: %s %s: %w: %w", what, key, idem.ErrJournalWrite, err)
+	if sqlState(err) == "42501" {
+		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idem.ErrJournalWrite, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
 }
 
 // unknownError wraps the error of a change whose answer was lost.

@@ -49,6 +49,22 @@ func chargedOnce(t *testing.T, ctx context.Context, direct *pgstore.Store, srv *
 	assert.Equal(t, 1, srv.Stats().Runs, "charges")
 }
 
+// lostReservation swallows PostgreSQL's answer to the statement whose
+// parameters hold pattern, runs call under a 2-second deadline, and
+// returns the error it failed with (it must match idem.ErrOutcomeUnknown)
+// and the *idem.Error in it.
+func lostReservation(t *testing.T, ctx context.Context, p *proxy, pattern string, call func(context.Context) error) (*idem.Error, error) {
+	t.Helper()
+	p.SwallowAfter(pattern)
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err := call(dctx)
+	cancel()
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	var ie *idem.Error
+	require.ErrorAs(t, err, &ie)
+	return ie, err
+}
+
 // TestReserveOutcomeUnknown loses the answer to a reservation that
 // PostgreSQL committed: the caller is told the outcome is unknown, with
 // the key the journal now holds, never "not journaled"; the row is there;
@@ -61,15 +77,12 @@ func TestReserveOutcomeUnknown(t *testing.T) {
 	defer c.Close()
 	ctx := testContext(t)
 
-	p.SwallowAfter("pay:o1") // the reservation's parameters, after its statement was prepared
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err := pay(dctx, c.HTTPClient(), srv.URL, "o1")
-	cancel()
-	require.Error(t, err)
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	// "pay:o1": the reservation's parameters, after its statement was prepared.
+	ie, err := lostReservation(t, ctx, p, "pay:o1", func(ctx context.Context) error {
+		_, err := pay(ctx, c.HTTPClient(), srv.URL, "o1")
+		return err
+	})
 	assert.NotErrorIs(t, err, idem.ErrJournalWrite, "an outcome-unknown reservation is not reported as not journaled")
-	var ie *idem.Error
-	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, idem.StatePending, ie.State)
 	require.NotEmpty(t, ie.Key, "the error carries the key that may be journaled")
 	assert.Equal(t, keyOf(t, direct, "pay:o1"), ie.Key, "the row PostgreSQL committed has the error's key")
@@ -98,13 +111,10 @@ func TestReserveOutcomeUnknownResumed(t *testing.T) {
 	defer c.Close()
 	ctx := testContext(t)
 
-	p.SwallowAfter("pay:o2")
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err := pay(dctx, c.HTTPClient(), srv.URL, "o2")
-	cancel()
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	var ie *idem.Error
-	require.ErrorAs(t, err, &ie)
+	ie, err := lostReservation(t, ctx, p, "pay:o2", func(ctx context.Context) error {
+		_, err := pay(ctx, c.HTTPClient(), srv.URL, "o2")
+		return err
+	})
 
 	var resumed []string
 	for try := 0; try < 8 && len(resumed) == 0; try++ {
@@ -252,16 +262,14 @@ func TestUnnamedOutcomeUnknownResend(t *testing.T) {
 		return c.HTTPClient().Do(req)
 	}
 
-	p.SwallowAfter(`"order":"u1"`)
-	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err := send(dctx)
-	cancel()
-	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	var ie *idem.Error
-	require.ErrorAs(t, err, &ie)
+	ie, _ := lostReservation(t, ctx, p, `"order":"u1"`, func(ctx context.Context) error {
+		_, err := send(ctx)
+		return err
+	})
 	require.NotEmpty(t, ie.Key)
 
 	var resp *http.Response
+	var err error
 	for try := 0; try < 8; try++ {
 		if resp, err = send(ctx); err == nil {
 			break

@@ -1,7 +1,6 @@
 package pgstore_test
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -29,7 +28,7 @@ import (
 // "failed" overwrote B's "succeeded", and an operator re-driving the
 // failed payment under a new name charged it twice.
 func TestLateMarksOfALostLease(t *testing.T) {
-	var logs lockedBuffer
+	var logs logBuffer
 	a := openStore(t, pgstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	b := replica(t, a)
 	ctx := testContext(t)
@@ -119,24 +118,6 @@ func TestLateMarksOfALostLease(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 3, ignored, "one Info line per ignored mark:\n%s", logs.String())
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestLateMarksOfAnotherIncarnation: the same owner name in another

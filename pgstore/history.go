@@ -20,8 +20,14 @@ type histEntry struct {
 // passes text without NUL bytes; one that slipped through would make
 // PostgreSQL refuse the JSON (jsonb has no \u0000), so it becomes U+FFFD.
 func encodeEntry(a idem.Attempt) ([]byte, error) {
-	return json.Marshal(histEntry{At: nanos(a.At), Sent: a.Sent, Status: a.Status,
-		Err: strings.ReplaceAll(a.Err, "\x00", "\uFFFD"), Reason: strings.ReplaceAll(a.Reason, "\x00", "\uFFFD")})
+	e := entryOf(a)
+	e.Err, e.Reason = strings.ReplaceAll(e.Err, "\x00", "\uFFFD"), strings.ReplaceAll(e.Reason, "\x00", "\uFFFD")
+	return json.Marshal(e)
+}
+
+// entryOf returns a as an entry of the history column, its text as it is.
+func entryOf(a idem.Attempt) histEntry {
+	return histEntry{At: nanos(a.At), Sent: a.Sent, Status: a.Status, Err: a.Err, Reason: a.Reason}
 }
 
 // encodeHistory returns h as the history column, or nil (NULL) for none.
@@ -31,7 +37,7 @@ func encodeHistory(h []idem.Attempt) ([]byte, error) {
 	}
 	es := make([]histEntry, len(h))
 	for i, a := range h {
-		es[i] = histEntry{At: nanos(a.At), Sent: a.Sent, Status: a.Status, Err: a.Err, Reason: a.Reason}
+		es[i] = entryOf(a)
 	}
 	return json.Marshal(es)
 }

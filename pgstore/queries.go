@@ -103,10 +103,10 @@ func newQueries(schema string, dbClock bool) queries {
 		WHERE key = $1 AND NOT (state = 1 AND owner <> '' AND NOT (owner = $2 AND incarnation = $8) AND lease_until > {now7})
 		RETURNING {cols}`),
 
-		// Renew: $2 owner, $3 lease until, $4 incarnation. Only the holder
-		// may renew, and only while the row is pending. Leases do not count as changes of
-		// the record: Updated stays (Resume reads it as the record's age).
-		// $5 is the lease's At.
+		// Renew: $2 owner, $3 lease until, $4 incarnation, $5 the lease's
+		// At. Only the holder may renew, and only while the row is
+		// pending. Leases do not count as changes of the record: Updated
+		// stays (Resume reads it as the record's age).
 		renew: r.Replace(`UPDATE {ops} SET lease_until = {now5} + ($3::bigint - $5::bigint) WHERE key = $1 AND state = 1 AND owner = $2 AND incarnation = $4`),
 
 		// leaseOf explains why Acquire or Renew changed nothing.
@@ -144,12 +144,13 @@ func newQueries(schema string, dbClock bool) queries {
 
 		// Claim: $1 after, $2 owner, $3 lease at, $4 limit, $5 lease until,
 		// $6 incarnation, $7 the newest record version this package reads
-		// (newer rows are left to newer replicas). It takes rows no one holds, rows whose lease
-		// lapsed, and rows this very store holds; never a live lease of
-		// the same owner name in another incarnation (a restarted process,
-		// or a zombie still running). Updated stays, as in Renew. Rows
-		// another Claim has locked are skipped, not waited for; rows it has
-		// just leased fail the lease test when rechecked.
+		// (newer rows are left to newer replicas). It takes rows no one
+		// holds, rows whose lease lapsed, and rows this very store holds;
+		// never a live lease of the same owner name in another
+		// incarnation (a restarted process, or a zombie still running).
+		// Updated stays, as in Renew. Rows another Claim has locked are
+		// skipped, not waited for; rows it has just leased fail the lease
+		// test when rechecked.
 		claim: r.Replace(`WITH c AS (
 			SELECT key FROM {ops}
 			WHERE state = 1 AND key > $1 AND (owner = '' OR lease_until <= {now3} OR (owner = $2 AND incarnation = $6))

@@ -76,15 +76,17 @@
 // failed — matches idem.ErrJournalWrite and wraps pgx's error; one that
 // refuses the role a privilege also matches ErrPermission. Reserve fails
 // closed: the transport sends nothing, and the store works again as soon
-// as the pool reaches the server. A Reserve (or Acquire) whose statement
-// went out and whose answer was lost (a connection cut after it was sent,
-// a deadline that passed while PostgreSQL had it) is tried again on
-// another connection, which finds the row if the lost try committed it;
-// if no try answers, the error matches idem.ErrOutcomeUnknown, not
+// as the pool reaches the server. A Reserve whose statement went out and
+// whose answer was lost (a connection cut after it was sent, a deadline
+// that passed while PostgreSQL had it) is tried again on another
+// connection, which finds the row if the lost try committed it; if no try
+// answers, the error matches idem.ErrOutcomeUnknown, not
 // idem.ErrJournalWrite: the key may be journaled, and the operation is in
-// doubt. Every call runs under its context, bounded by 30 seconds when the
-// context has no deadline (a Renew by a third of its lease), and Close
-// returns within 15 seconds whatever the database does.
+// doubt. An Acquire whose answer was lost is not tried again: its error
+// matches idem.ErrOutcomeUnknown at once. Every call runs under its
+// context and at most 30 seconds, whatever the context's deadline (a
+// Renew, a third of its lease; a Sweep, each chunk of rows it deletes),
+// and Close returns within 15 seconds whatever the database does.
 //
 // Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
 // unless WithSchema names another) and creates or migrates them on Open and

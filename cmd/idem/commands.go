@@ -267,9 +267,10 @@ func (c *cli) expire(arg string) (err error) {
 }
 
 // gc deletes finished operations last changed before retention ago (the
-// journal's retention if it is negative), or with dryRun lists them. A retention below the journal's floor (its
-// resend window plus idem.RetentionMargin) is refused: it would delete
-// the name → key mappings a re-drive needs.
+// journal's retention if it is negative), or with dryRun lists them. A
+// retention below the journal's floor (its resend window plus
+// idem.RetentionMargin) is refused: it would delete the name → key
+// mappings a re-drive needs.
 func (c *cli) gc(retention time.Duration, dryRun bool) (err error) {
 	s, err := c.open()
 	if err != nil {
@@ -379,7 +380,7 @@ func (c *cli) stats(_ []string) (err error) {
 		if oldest.IsZero() || op.Created.Before(oldest) {
 			oldest = op.Created
 		}
-		switch c.view(op, false, false).Resend {
+		switch c.resend(op) {
 		case "past resend window":
 			st.PastResendWindow++
 		case "needs credentials":

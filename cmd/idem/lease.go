@@ -54,7 +54,7 @@ func (c *cli) take(s idem.KeyStore, op idem.Operation) error {
 			return nil
 		}
 		// Another operation came first: give it back at once.
-		_ = s.Renew(c.ctx, g.Key, idem.Lease{Owner: l.Owner, At: now, Until: now})
+		_ = c.giveBack(s, g.Key, now)
 	}
 	holder := "another owner"
 	if cur, err := s.Get(c.ctx, op.Key); err == nil {
@@ -67,6 +67,13 @@ func (c *cli) take(s idem.KeyStore, op idem.Operation) error {
 		}
 	}
 	return fmt.Errorf("operation %s is %w of %s: a running replica may be sending it; try again once its lease lapsed", cell(op.Key), errLeased, holder)
+}
+
+// giveBack ends the command's lease on the operation key at now, so that
+// the replicas' Resume may take it at once rather than when the lease
+// lapses.
+func (c *cli) giveBack(s idem.KeyStore, key string, now time.Time) error {
+	return s.Renew(c.ctx, key, idem.Lease{Owner: owner(), At: now, Until: now})
 }
 
 // keyBefore returns the greatest string that sorts before key among

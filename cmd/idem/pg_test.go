@@ -7,11 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,42 +58,14 @@ func pgJournalSchema(t *testing.T) (dsn, schema string) {
 	return dsn, schema
 }
 
-// sharedProvider answers 201, cuts the connection on /lost until healed,
-// and records every request's headers.
-type sharedProvider struct {
-	*httptest.Server
-	healed atomic.Bool
-	mu     sync.Mutex
-	seen   []http.Header
-}
-
-func newSharedProvider(t *testing.T) *sharedProvider {
-	p := &sharedProvider{}
-	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		p.mu.Lock()
-		p.seen = append(p.seen, r.Header.Clone())
-		p.mu.Unlock()
-		if strings.HasPrefix(r.URL.Path, "/lost") && !p.healed.Load() {
-			panic(http.ErrAbortHandler)
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	t.Cleanup(p.Close)
-	return p
-}
-
-// sentWith returns the requests whose header name carried value.
-func (p *sharedProvider) sentWith(name, value string) []http.Header {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []http.Header
-	for _, h := range p.seen {
-		if h.Get(name) == value {
-			out = append(out, h)
-		}
+// sharedIdem builds the idem command and returns it with a function
+// that runs it on the shared journal in schema.
+func sharedIdem(t *testing.T, dsn, schema string) (string, func(args ...string) (int, string, string)) {
+	t.Helper()
+	bin := buildIdem(t, t.TempDir())
+	return bin, func(args ...string) (int, string, string) {
+		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
 	}
-	return out
 }
 
 // lookAt opens a store of its own on the shared journal, for the test to
@@ -200,16 +169,13 @@ func keepsPolicy() bool {
 // not created; expire takes an operation whose replica died.
 func TestSharedJournalIsListed(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond))
 	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
 	lostKey := app.pay(t, "pay:lost", p.URL+"/lost")
 	require.NoError(t, app.c.Close())
 	look := lookAt(t, dsn, schema)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	bin, idemOn := sharedIdem(t, dsn, schema)
 	decode := func(v any, args ...string) {
 		t.Helper()
 		code, out, errOut := idemOn(append([]string{"--json"}, args...)...)
@@ -284,17 +250,14 @@ func TestSharedJournalIsListed(t *testing.T) {
 // holds is neither expired nor resent by the command; pending says so.
 func TestSharedJournalNeverTakesALiveLease(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	p.healed.Store(true)
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"))
 	leased := leasedByLiveReplica(t, app.store, p.URL+"/lost-leased", "Idempotency-Key")
 	// A lapsed operation after it in key order: take's Claim meets it
 	// first, and must give it back.
 	later := forgeShared(t, app.store, "pay:later", p.URL+"/later", "Idempotency-Key", time.Now())
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, out, errOut := idemOn("pending")
 	require.Equal(t, exitOK, code, errOut)
@@ -354,7 +317,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 		t.Skip("pgstore keeps no policy (idem.PolicyStore): resume refuses, see TestSharedJournalNeverTakesALiveLease")
 	}
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	policy := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 3 * time.Hour, Retention: 5 * time.Hour}
 	app := newReplica(t, dsn, schema, idem.WithOwner("replica-a"), idem.WithLease(100*time.Millisecond),
 		idem.WithKeyHeader(policy.KeyHeader), idem.WithResendWindow(policy.ResendWindow), idem.WithRetention(policy.Retention))
@@ -370,10 +333,7 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 	waitLapsed(t, look, lost)
 	waitLapsed(t, look, secret)
 	p.healed.Store(true)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, _, errOut := idemOn("resume", "--resend-window", "10h")
 	assert.Equal(t, exitUsage, code)
@@ -426,15 +386,12 @@ func TestSharedResumeActsUnderTheJournalsPolicy(t *testing.T) {
 // the named operation keeps its key.
 func TestSharedGCKeepsTheFloor(t *testing.T) {
 	dsn, schema := pgJournalSchema(t)
-	p := newSharedProvider(t)
+	p := newRecorder(t)
 	app := newReplica(t, dsn, schema, idem.WithResendWindow(3*time.Hour), idem.WithRetention(5*time.Hour))
 	okKey := app.pay(t, "pay:ok", p.URL+"/ok")
 	require.NoError(t, app.c.Close())
 	look := lookAt(t, dsn, schema)
-	bin := buildIdem(t, t.TempDir())
-	idemOn := func(args ...string) (int, string, string) {
-		return runBin(t, bin, append([]string{"--journal", dsn, "--schema", schema}, args...)...)
-	}
+	_, idemOn := sharedIdem(t, dsn, schema)
 
 	code, _, errOut := idemOn("gc", "--retention", "0s")
 	if !keepsPolicy() {

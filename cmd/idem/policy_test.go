@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +18,14 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// recorder is a provider that answers 201 and records each request's
-// headers.
+// recorder is a provider that records each request's headers and answers
+// 201, except that it cuts the connection on paths starting with /lost
+// until healed is set.
 type recorder struct {
 	*httptest.Server
-	mu   sync.Mutex
-	seen []http.Header
+	healed atomic.Bool
+	mu     sync.Mutex
+	seen   []http.Header
 }
 
 func newRecorder(t *testing.T) *recorder {
@@ -32,16 +35,31 @@ func newRecorder(t *testing.T) *recorder {
 		rec.mu.Lock()
 		rec.seen = append(rec.seen, r.Header.Clone())
 		rec.mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/lost") && !rec.healed.Load() {
+			panic(http.ErrAbortHandler)
+		}
 		w.WriteHeader(http.StatusCreated)
 	}))
 	t.Cleanup(rec.Close)
 	return rec
 }
 
+// requests returns the headers of every request so far.
 func (r *recorder) requests() []http.Header {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]http.Header(nil), r.seen...)
+}
+
+// sentWith returns the requests whose header name carried value.
+func (r *recorder) sentWith(name, value string) []http.Header {
+	var out []http.Header
+	for _, h := range r.requests() {
+		if h.Get(name) == value {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // forge makes a journal by hand: the policy p, and ops as given (times

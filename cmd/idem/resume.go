@@ -302,16 +302,15 @@ func readHeaderFile(path string, env func(string) (string, bool)) ([]credential,
 	return out, nil
 }
 
-// release ends the command's lease on the operations resume took and left
-// pending (skipped, or failed without an answer), so that the replicas'
-// Resume may take them at once rather than when the lease lapses.
+// release gives back (giveBack) the operations resume took and left
+// pending: skipped, or failed without an answer.
 func (c *cli) release(s idem.KeyStore, results []resumeResult) {
 	now := c.storeNow(s)
 	for _, r := range results {
 		if r.State != idem.StatePending.String() {
 			continue
 		}
-		err := s.Renew(c.ctx, r.Key, idem.Lease{Owner: owner(), At: now, Until: now})
+		err := c.giveBack(s, r.Key, now)
 		if err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrNotFound) {
 			fmt.Fprintf(c.err, "idem: releasing operation %s: %v (its lease lapses within %s)\n", cell(r.Key), err, commandLease)
 		}

@@ -94,21 +94,10 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	if op.Fingerprint != ([32]byte{}) {
 		v.Fingerprint = hex.EncodeToString(op.Fingerprint[:])
 	}
-	switch {
-	case op.State == 0:
-		v.State, v.Resend = "unreadable", "unreadable"
-	case op.State != idem.StatePending:
-	case c.shared() && op.Owner != "" && op.LeaseUntil.After(c.now):
-		v.Resend = "leased: a replica may be sending it"
-	case op.Created.Before(c.now.Add(-c.policy.ResendWindow)):
-		v.Resend = "past resend window"
-	case op.Unreplayable:
-		v.Resend = "body not journaled"
-	case op.Redacted:
-		v.Resend = "needs credentials"
-	default:
-		v.Resend = "yes"
+	if op.State == 0 {
+		v.State = "unreadable"
 	}
+	v.Resend = c.resend(op)
 	v.HeaderNames = sortedKeys(op.Header)
 	if body {
 		v.Header = op.Header
@@ -122,6 +111,26 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 		}
 	}
 	return v
+}
+
+// resend says whether resume would send op, or why not: "" for an
+// operation that is not pending.
+func (c *cli) resend(op idem.Operation) string {
+	switch {
+	case op.State == 0:
+		return "unreadable"
+	case op.State != idem.StatePending:
+		return ""
+	case c.shared() && op.Owner != "" && op.LeaseUntil.After(c.now):
+		return "leased: a replica may be sending it"
+	case op.Created.Before(c.now.Add(-c.policy.ResendWindow)):
+		return "past resend window"
+	case op.Unreplayable:
+		return "body not journaled"
+	case op.Redacted:
+		return "needs credentials"
+	}
+	return "yes"
 }
 
 // age formats a duration in seconds for a table, rounded to its two

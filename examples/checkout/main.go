@@ -186,8 +186,8 @@ func shop(ctx context.Context, journal, url string) error {
 		return err
 	}
 	say("closed")
-	if n := failed; n > 0 {
-		return fmt.Errorf("%d orders could not be paid", n)
+	if failed > 0 {
+		return fmt.Errorf("%d orders could not be paid", failed)
 	}
 	return nil
 }
