@@ -498,17 +498,24 @@ func (d *decoder) varint() int64 {
 	return x
 }
 
-func (d *decoder) skipString() {
+// bytes reads a length-prefixed string and returns its bytes, a
+// sub-slice of d.b (nil on error).
+func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if d.err != nil {
-		return
+		return nil
 	}
 	if n > uint64(len(d.b)-d.off) {
 		d.fail("string length")
-		return
+		return nil
 	}
+	b := d.b[d.off : d.off+int(n)]
 	d.off += int(n)
+	return b
 }
+
+// skipString reads a length-prefixed string and drops it.
+func (d *decoder) skipString() { d.bytes() }
 
 // str reads a string from d.s; the caller has checked the bounds.
 func (d *decoder) str() string {
