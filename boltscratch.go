@@ -68,6 +68,8 @@ func (sc *txScratch) value(n int) []byte {
 	return sc.buf[at : at : at+n]
 }
 
+// change is BoltStore.change: the record's new value is cut from the
+// buffer, and it is read through the cursor.
 func (sc *txScratch) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
 	sc.begin(tx, ops)
 	k := unsafe.Slice(unsafe.StringData(key), len(key))
