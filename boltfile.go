@@ -73,7 +73,7 @@ type BoltOptions struct {
 
 // Defaults of BoltOptions.
 const (
-	defaultLockTimeout = 2 * time.Second
+	defaultLockTimeout = boltfile.DefaultLockTimeout
 	defaultMaxGroup    = 1024
 	defaultScrubDelay  = time.Second
 )
