@@ -20,6 +20,22 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// journalWith writes a closed journal at path holding a pending operation
+// under each of keys.
+func journalWith(t *testing.T, path string, keys ...string) {
+	t.Helper()
+	s, err := idem.OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		mustReserve(t, s, newOp(k))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestBoltStoreCorrupt(t *testing.T) {
 	// A journal with a few records, to damage.
 	valid := func(t *testing.T) []byte {
@@ -151,16 +167,7 @@ func TestBoltStoreDamagedPages(t *testing.T) {
 
 func TestBoltStoreNewerRecordVersion(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"a", "future", "c"} {
-		mustReserve(t, s, newOp(k))
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	journalWith(t, path, "a", "future", "c")
 	// A newer idem rewrote one record in a format this one cannot read.
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
@@ -178,7 +185,7 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openBolt(t, path)
+	s := openBolt(t, path)
 	ctx := t.Context()
 	if _, err := s.Get(ctx, "future"); !errors.Is(err, idem.ErrRecordVersion) {
 		t.Errorf("Get: got %v, want ErrRecordVersion", err)
@@ -278,16 +285,9 @@ func TestBoltStoreFormatVersions(t *testing.T) {
 	} {
 		t.Run(tc.format, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "journal.db")
-			s, err := idem.OpenBoltStore(path, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustReserve(t, s, newOp("k1"))
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
+			journalWith(t, path, "k1")
 			forgeFormat(t, path, tc.format)
-			s, err = idem.OpenBoltStore(path, nil)
+			s, err := idem.OpenBoltStore(path, nil)
 			if err == nil {
 				s.Close()
 				t.Fatal("opened without error")
