@@ -186,15 +186,15 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 	return op, loadBody(ops, &r, &op)
 }
 
-// change rewrites the record for key with the scratch of tx, which the
-// changes of one write transaction share: it reads the record's head
-// (aliasing tx memory, so r must not outlive the call) and its raw request
+// change rewrites the record for key in ops with the scratch of ops's
+// write transaction, which its changes share: it reads the record's head
+// (aliasing the transaction's memory, so r must not outlive the call) and its raw request
 // section, lets fn change them, and puts the result. fn returns the
 // request section to keep (req, or nil to drop it), errUnchanged to leave
 // the record as it is and return nil, or an error that leaves the record
 // as it was.
-func (s *BoltStore) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	return s.scratch.change(tx, ops, key, fn)
+func (s *BoltStore) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	return s.scratch.change(ops, key, fn)
 }
 
 // encodeKV encodes r under key into buf if it fits, else into a new

@@ -119,7 +119,7 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 				continue
 			}
 			op.Owner, op.LeaseUntil = l.Owner, l.Until
-			err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			err = s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 				r.Owner, r.LeaseUntil = l.Owner, toNanos(l.Until)
 				return req, nil
 			})
