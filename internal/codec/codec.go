@@ -286,7 +286,8 @@ func Check(b []byte) (state uint8, err error) {
 
 // Decode decodes b into r, overwriting every field. r does not refer to b
 // afterwards: b may be memory that is only valid inside a transaction.
-// All strings of one record share a single allocation; the body has its
+// The head's strings (name, URL, owner, ...; trace and history too) share
+// one allocation, the header's names and values another; the body has its
 // own (nil when empty).
 func Decode(b []byte, r *Record) error {
 	req, err := DecodeHead(b, r)
