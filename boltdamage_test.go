@@ -10,15 +10,33 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	mathrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	bolt "go.etcd.io/bbolt"
 )
+
+// journalWith writes a closed journal at path holding a pending operation
+// under each of keys.
+func journalWith(t *testing.T, path string, keys ...string) {
+	t.Helper()
+	s, err := idem.OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		mustReserve(t, s, newOp(k))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func TestBoltStoreCorrupt(t *testing.T) {
 	// A journal with a few records, to damage.
@@ -151,16 +169,7 @@ func TestBoltStoreDamagedPages(t *testing.T) {
 
 func TestBoltStoreNewerRecordVersion(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []string{"a", "future", "c"} {
-		mustReserve(t, s, newOp(k))
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	journalWith(t, path, "a", "future", "c")
 	// A newer idem rewrote one record in a format this one cannot read.
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
@@ -178,7 +187,7 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openBolt(t, path)
+	s := openBolt(t, path)
 	ctx := t.Context()
 	if _, err := s.Get(ctx, "future"); !errors.Is(err, idem.ErrRecordVersion) {
 		t.Errorf("Get: got %v, want ErrRecordVersion", err)
@@ -278,16 +287,9 @@ func TestBoltStoreFormatVersions(t *testing.T) {
 	} {
 		t.Run(tc.format, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "journal.db")
-			s, err := idem.OpenBoltStore(path, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustReserve(t, s, newOp("k1"))
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
+			journalWith(t, path, "k1")
 			forgeFormat(t, path, tc.format)
-			s, err = idem.OpenBoltStore(path, nil)
+			s, err := idem.OpenBoltStore(path, nil)
 			if err == nil {
 				s.Close()
 				t.Fatal("opened without error")
@@ -420,5 +422,40 @@ func TestBoltStorePendingNeverSkipsInSilence(t *testing.T) {
 				}
 			}()
 		}
+	}
+}
+
+// TestBoltStoreSweepLogsRecordItCannotDecode checks BoltOptions.Logger's
+// promise for Sweep: a finished record whose checksum holds but whose
+// fields do not decode is kept, and the warning names it.
+func TestBoltStoreSweepLogsRecordItCannotDecode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal.db")
+	journalWith(t, path, "a")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		// Version 2, finished, then a varint that never ends.
+		rec := append([]byte{2, byte(idem.StateSucceeded), 0}, bytes.Repeat([]byte{0x80}, 60)...)
+		rec = binary.LittleEndian.AppendUint32(rec, crc32.Checksum(rec, crc32.MakeTable(crc32.Castagnoli)))
+		return tx.Bucket(idem.BucketOps).Put([]byte("undecodable"), rec)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := &logRecords{}
+	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{Logger: slog.New(logged)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if n, err := s.Sweep(t.Context(), time.Now().Add(time.Hour)); err != nil || n != 0 {
+		t.Fatalf("Sweep = %d, %v; want 0 swept", n, err)
+	}
+	warned := logged.find("idem: sweep kept unreadable record")
+	if len(warned) != 1 || warned[0].attrs["key"].String() != "undecodable" {
+		t.Fatalf("Sweep warned %v; want one warning naming the record it kept", warned)
 	}
 }

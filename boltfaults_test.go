@@ -39,15 +39,7 @@ func TestBoltStoreReadOnly(t *testing.T) {
 	// mount of its directory: the kernel refuses the write, as it would
 	// for anyone.
 	dir, ro := t.TempDir(), t.TempDir()
-	path := filepath.Join(dir, "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustReserve(t, s, newOp("k1"))
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	journalWith(t, filepath.Join(dir, "journal.db"), "k1")
 	mount(t, dir, ro, "", syscall.MS_BIND, "")
 	mount(t, "", ro, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, "")
 

@@ -17,18 +17,22 @@ import (
 // idem's sentinels, the checks that the file still has its name and has
 // not gone back to an older copy) is internal/boltfile's, shared with
 // idemserver's BoltStore. boltscrub.go scrubs its free pages, boltcheck.go
-// checks its records, boltstore.go holds the KeyStore methods,
-// boltrecord.go the records, boltwalk.go the walks.
+// checks its records, boltstore.go holds the store, its group commit and
+// its reads, boltwrite.go the KeyStore methods that change records,
+// boltscratch.go what the changes of one transaction share and the
+// changes reused once committed, boltrecord.go the records and the
+// policy, boltwalk.go the walks.
 
 // BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
 // means the default.
 type BoltOptions struct {
 	// LockTimeout bounds how long OpenBoltStore waits for another process
 	// or handle (in this process too) to release the journal file before it
-	// returns an error matching ErrJournalLocked. Zero means 2 seconds.
+	// returns an error matching ErrJournalLocked. Zero (or less) means 2
+	// seconds.
 	LockTimeout time.Duration
 	// MaxGroup caps how many changes one commit (one fsync) carries. Zero
-	// means 1024.
+	// (or less) means 1024.
 	MaxGroup int
 	// Logger receives warnings the store cannot return to a caller: a
 	// record Sweep kept because it could not read it, or a commit of
@@ -73,7 +77,7 @@ type BoltOptions struct {
 
 // Defaults of BoltOptions.
 const (
-	defaultLockTimeout = 2 * time.Second
+	defaultLockTimeout = boltfile.DefaultLockTimeout
 	defaultMaxGroup    = 1024
 	defaultScrubDelay  = time.Second
 )

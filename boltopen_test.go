@@ -213,46 +213,13 @@ func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
 	// A burst of large requests, all finished: the file keeps their pages
 	// (free now) until Open finds it mostly free and compacts it.
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 25 {
-				op := newOp(fmt.Sprintf("big-%d-%02d", g, i))
-				op.Body = bytes.Repeat([]byte{'x'}, 100<<10)
-				if _, _, err := s.Reserve(ctx, op); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for g := range 8 {
-		for i := range 25 {
-			if err := s.Finish(ctx, fmt.Sprintf("big-%d-%02d", g, i), idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	keep := newOp("pending")
-	keep.Name = "pay:pending"
-	mustReserve(t, s, keep)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	keep := mostlyFreeJournal(t, path)
 	before, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if before.Size() < 16<<20 {
-		t.Fatalf("the burst left a %d-byte file: too small to test compaction", before.Size())
-	}
-	s = openBolt(t, path)
+	ctx := t.Context()
+	s := openBolt(t, path)
 	after, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)

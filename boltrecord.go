@@ -132,9 +132,14 @@ func toHistory(h []Attempt) []codec.Attempt {
 	}
 	out := make([]codec.Attempt, len(h))
 	for i, a := range h {
-		out[i] = codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason}
+		out[i] = toAttempt(a)
 	}
 	return out
+}
+
+// toAttempt converts one attempt of an operation's history to the codec's.
+func toAttempt(a Attempt) codec.Attempt {
+	return codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason}
 }
 
 func fromHistory(h []codec.Attempt) []Attempt {
@@ -155,7 +160,7 @@ func appendHistory(r *codec.Record, a Attempt) {
 	if drop := len(h) + 1 - MaxHistory; drop > 0 {
 		h = h[drop:]
 	}
-	r.History = append(h[:len(h):len(h)], codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason})
+	r.History = append(h[:len(h):len(h)], toAttempt(a))
 }
 
 // codecErr maps a codec error about the record under key to
@@ -181,21 +186,15 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 	return op, loadBody(ops, &r, &op)
 }
 
-// change rewrites the record for key in one new buffer: it reads the
-// record's head (aliasing tx memory, so r must not outlive the call) and
-// its raw request section, lets fn change them, and puts the result. fn
-// returns the request section to keep (req, or nil to drop it), or an
-// error that leaves the record as it was. BoltStore.change does the same
-// with the transaction's scratch.
-func change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	var sc txScratch
-	return sc.change(ops.Tx(), ops, key, fn)
-}
-
-// change is the package's change with the scratch of tx, which the
-// changes of one write transaction share.
-func (s *BoltStore) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	return s.scratch.change(tx, ops, key, fn)
+// change rewrites the record for key in ops with the scratch of ops's
+// write transaction, which its changes share: it reads the record's head
+// (aliasing the transaction's memory, so r must not outlive the call) and its raw request
+// section, lets fn change them, and puts the result. fn returns the
+// request section to keep (req, or nil to drop it), errUnchanged to leave
+// the record as it is and return nil, or an error that leaves the record
+// as it was.
+func (s *BoltStore) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	return s.scratch.change(ops, key, fn)
 }
 
 // encodeKV encodes r under key into buf if it fits, else into a new

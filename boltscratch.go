@@ -68,8 +68,10 @@ func (sc *txScratch) value(n int) []byte {
 	return sc.buf[at : at : at+n]
 }
 
-func (sc *txScratch) change(tx *bolt.Tx, ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
-	sc.begin(tx, ops)
+// change is BoltStore.change: the record's new value is cut from the
+// buffer, and it is read through the cursor.
+func (sc *txScratch) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+	sc.begin(ops.Tx(), ops)
 	k := unsafe.Slice(unsafe.StringData(key), len(key))
 	v := sc.get(k)
 	if v == nil {
@@ -144,7 +146,7 @@ func (m *finishMark) apply(tx *bolt.Tx) error {
 		return err
 	}
 	apart := false
-	err = s.change(tx, ops, m.key, func(r *codec.Record, req []byte) ([]byte, error) {
+	err = s.change(ops, m.key, func(r *codec.Record, req []byte) ([]byte, error) {
 		if !heldBy(r, m.o.Owner) {
 			return req, errUnchanged // its owner lost the record
 		}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/internal/groupcommit"
@@ -16,13 +17,7 @@ import (
 // noteDrop records that tx drops a request, whose bytes stay in the pages
 // tx frees until a scrub overwrites them.
 func (f *boltFile) noteDrop(tx *bolt.Tx) {
-	id := uint64(tx.ID())
-	for {
-		old := f.dropped.Load()
-		if old >= id || f.dropped.CompareAndSwap(old, id) {
-			break
-		}
-	}
+	raise(&f.dropped, uint64(tx.ID()))
 	if f.kick != nil {
 		f.kick()
 	}
@@ -80,11 +75,16 @@ func (f *boltFile) scrub(tx *bolt.Tx) error {
 	}
 	// Pages freed by transactions before tx are free now (no reader holds
 	// them: readers are held off), and zeroed.
-	to := uint64(tx.ID()) - 1
+	raise(&f.scrubbedTo, uint64(tx.ID())-1)
+	return nil
+}
+
+// raise sets a to v if v is higher.
+func raise(a *atomic.Uint64, v uint64) {
 	for {
-		old := f.scrubbedTo.Load()
-		if old >= to || f.scrubbedTo.CompareAndSwap(old, to) {
-			return nil
+		old := a.Load()
+		if old >= v || a.CompareAndSwap(old, v) {
+			return
 		}
 	}
 }

@@ -27,7 +27,11 @@ import (
 // its own writes. Close commits everything queued.
 //
 // Each operation is one record in one B+tree, its request inline while it
-// is pending; a finished record keeps no request and takes under 200 bytes.
+// is pending (a body of 32 KiB or more is stored apart, under the key
+// followed by a NUL byte, in the same B+tree); a finished record keeps no
+// request. Without a trace or an attempt history it takes under 200 bytes
+// (TestFinishedRecordIsSmall); each recorded attempt (at most MaxHistory)
+// and the trace add theirs.
 // bbolt reuses freed pages, so under steady load with Sweep the file stops
 // growing once the retention window is full. The request of a finished
 // operation is gone from the file within BoltOptions.ScrubDelay: freed

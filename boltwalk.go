@@ -119,7 +119,7 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 				continue
 			}
 			op.Owner, op.LeaseUntil = l.Owner, l.Until
-			err = change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+			err = s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 				r.Owner, r.LeaseUntil = l.Owner, toNanos(l.Until)
 				return req, nil
 			})
@@ -231,6 +231,7 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 				apart     bool // its body is stored apart
 			}
 			var doomed []victim
+			var r codec.Record
 			c := ops.Cursor()
 			k, v := c.First()
 			if from != nil {
@@ -246,16 +247,13 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 				if isBodyKey(k) {
 					continue
 				}
-				state, err := codec.Check(v)
-				if err != nil {
+				// One decode checks the record and reads its head; r aliases
+				// v, which stays valid until the deletes below.
+				if _, err := codec.DecodeHeadAlias(v, &r); err != nil {
 					s.log.Warn("idem: sweep kept unreadable record", "key", string(k), "err", codecErr(string(k), err))
 					continue
 				}
-				if !State(state).Finished() {
-					continue
-				}
-				var r codec.Record
-				if _, err := codec.DecodeHead(v, &r); err != nil || r.Updated >= limit {
+				if !State(r.State).Finished() || r.Updated >= limit {
 					continue
 				}
 				doomed = append(doomed, victim{bytes.Clone(k), []byte(r.Name), r.Flags&flagBodyApart != 0})

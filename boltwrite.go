@@ -162,7 +162,7 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request
 			return err
 		}
 		apart := false // the new body goes apart
-		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		err = s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			pending := State(r.State) == StatePending
 			if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
 				return nil, fmt.Errorf("leased to %q: %w", r.Owner, ErrInProgress)
@@ -207,7 +207,7 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 		if err != nil {
 			return err
 		}
-		return s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		return s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			if State(r.State) != StatePending || r.Owner != l.Owner {
 				return nil, ErrLeaseLost
 			}
@@ -239,7 +239,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 		if err != nil {
 			return err
 		}
-		err = s.change(tx, ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
+		err = s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
 			if !heldBy(r, a.Owner) {
 				return req, errUnchanged // its owner lost the record
 			}

@@ -81,6 +81,19 @@ func bboltFile(t *testing.T, path string, fn func(*bolt.Tx) error) {
 	require.NoError(t, db.Close())
 }
 
+// markedFile writes a bbolt file at path with only the meta bucket, which
+// holds marker as its format marker.
+func markedFile(t *testing.T, path, marker string) {
+	t.Helper()
+	bboltFile(t, path, func(tx *bolt.Tx) error {
+		m, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		return m.Put([]byte("format"), []byte(marker))
+	})
+}
+
 func TestOpenNewFileGetsMarkerAndBuckets(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	f := open(t, path)
@@ -114,13 +127,7 @@ func TestOpenOfAReadyFileOnlyReads(t *testing.T) {
 
 func TestOpenAddsMissingBuckets(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
-	bboltFile(t, path, func(tx *bolt.Tx) error {
-		m, err := tx.CreateBucket(bucketMeta)
-		if err != nil {
-			return err
-		}
-		return m.Put([]byte("format"), []byte("thing/2"))
-	})
+	markedFile(t, path, "thing/2")
 	f := open(t, path)
 	defer f.Release()
 	require.NoError(t, f.View(func(tx *bolt.Tx) error {
@@ -142,17 +149,8 @@ func TestOpenRefuses(t *testing.T) {
 		_, err := tx.CreateBucket([]byte("theirs"))
 		return err
 	})
-	forged := func(name, marker string) {
-		bboltFile(t, path(name), func(tx *bolt.Tx) error {
-			m, err := tx.CreateBucket(bucketMeta)
-			if err != nil {
-				return err
-			}
-			return m.Put([]byte("format"), []byte(marker))
-		})
-	}
-	forged("newer.db", "thing/3")
-	forged("marker.db", "something else")
+	markedFile(t, path("newer.db"), "thing/3")
+	markedFile(t, path("marker.db"), "something else")
 	require.NoError(t, open(t, path("truncated.db")).Release())
 	require.NoError(t, os.Truncate(path("truncated.db"), 4096*2))
 	holder := open(t, path("locked.db"))
@@ -191,13 +189,7 @@ func TestOpenRefuses(t *testing.T) {
 
 func TestMarkerCheckedWithoutCheckFormat(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
-	bboltFile(t, path, func(tx *bolt.Tx) error {
-		m, err := tx.CreateBucket(bucketMeta)
-		if err != nil {
-			return err
-		}
-		return m.Put([]byte("format"), []byte("thing/1"))
-	})
+	markedFile(t, path, "thing/1")
 	o := options()
 	o.CheckFormat = nil
 	_, err := boltfile.Open(path, o)

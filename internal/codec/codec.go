@@ -286,7 +286,8 @@ func Check(b []byte) (state uint8, err error) {
 
 // Decode decodes b into r, overwriting every field. r does not refer to b
 // afterwards: b may be memory that is only valid inside a transaction.
-// All strings of one record share a single allocation; the body has its
+// The head's strings (name, URL, owner, ...; trace and history too) share
+// one allocation, the header's names and values another; the body has its
 // own (nil when empty).
 func Decode(b []byte, r *Record) error {
 	req, err := DecodeHead(b, r)
@@ -498,17 +499,24 @@ func (d *decoder) varint() int64 {
 	return x
 }
 
-func (d *decoder) skipString() {
+// bytes reads a length-prefixed string and returns its bytes, a
+// sub-slice of d.b (nil on error).
+func (d *decoder) bytes() []byte {
 	n := d.uvarint()
 	if d.err != nil {
-		return
+		return nil
 	}
 	if n > uint64(len(d.b)-d.off) {
 		d.fail("string length")
-		return
+		return nil
 	}
+	b := d.b[d.off : d.off+int(n)]
 	d.off += int(n)
+	return b
 }
+
+// skipString reads a length-prefixed string and drops it.
+func (d *decoder) skipString() { d.bytes() }
 
 // str reads a string from d.s; the caller has checked the bounds.
 func (d *decoder) str() string {

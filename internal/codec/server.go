@@ -84,53 +84,28 @@ func ServerDecode(b []byte, r *ServerRecord) error {
 	if r.Kind < ServerInFlight || r.Kind > ServerNotKept {
 		return fmt.Errorf("%w: server record kind %d", ErrCorrupt, r.Kind)
 	}
-	rest := body[2:]
-	var ok bool
+	d := decoder{b: body, off: 2}
 	fail := func(what string) error {
 		return fmt.Errorf("%w: bad %s in a server record", ErrCorrupt, what)
 	}
-	if r.Expires, rest, ok = readVarint(rest); !ok {
+	if r.Expires = d.varint(); d.err != nil {
 		return fail("expiry")
 	}
-	var status uint64
-	if status, rest, ok = readUvarint(rest); !ok || status > 999 {
+	status := d.uvarint()
+	if d.err != nil || status > 999 {
 		return fail("status")
 	}
 	r.Status = int(status)
-	if r.Fingerprint, rest, ok = readString(rest); !ok {
+	if r.Fingerprint = string(d.bytes()); d.err != nil {
 		return fail("fingerprint")
 	}
-	if r.Token, rest, ok = readString(rest); !ok {
+	if r.Token = string(d.bytes()); d.err != nil {
 		return fail("token")
 	}
 	var req Record
-	if err := decodeRequest(rest, &req); err != nil {
+	if err := decodeRequest(body[d.off:], &req); err != nil {
 		return err
 	}
 	r.Header, r.Body = req.Header, req.Body
 	return nil
-}
-
-func readUvarint(b []byte) (uint64, []byte, bool) {
-	x, n := binary.Uvarint(b)
-	if n <= 0 {
-		return 0, b, false
-	}
-	return x, b[n:], true
-}
-
-func readVarint(b []byte) (int64, []byte, bool) {
-	x, n := binary.Varint(b)
-	if n <= 0 {
-		return 0, b, false
-	}
-	return x, b[n:], true
-}
-
-func readString(b []byte) (string, []byte, bool) {
-	n, rest, ok := readUvarint(b)
-	if !ok || n > uint64(len(rest)) {
-		return "", b, false
-	}
-	return string(rest[:n]), rest[n:], true
 }

@@ -1,7 +1,10 @@
 package codec_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -70,4 +73,37 @@ func FuzzServerDecode(f *testing.F) {
 		require.NoError(t, codec.ServerDecode(codec.ServerAppend(nil, &r), &again))
 		require.Equal(t, r, again)
 	})
+}
+
+// TestServerDecodeBadFields reaches the field parser: each record is cut
+// inside one field and sealed again with a valid checksum, so the error
+// must name that field.
+func TestServerDecodeBadFields(t *testing.T) {
+	sealed := func(b []byte) []byte {
+		return binary.LittleEndian.AppendUint32(bytes.Clone(b), crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+	}
+	head := []byte{codec.ServerVersion, codec.ServerDone}
+	for _, tc := range []struct {
+		name   string
+		fields []byte
+		says   string
+	}{
+		{"expiry cut", []byte{0x80}, "expiry"},
+		{"status cut", []byte{0x02, 0x80}, "status"},
+		{"status above 999", []byte{0x02, 0xe8, 0x07}, "status"},
+		{"fingerprint longer than the record", []byte{0x02, 0xc9, 0x01, 0x05, 'a'}, "fingerprint"},
+		{"token cut", []byte{0x02, 0xc9, 0x01, 0x01, 'f', 0x80}, "token"},
+		{"token longer than the record", []byte{0x02, 0xc9, 0x01, 0x00, 0x03}, "token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r codec.ServerRecord
+			err := codec.ServerDecode(sealed(append(bytes.Clone(head), tc.fields...)), &r)
+			require.ErrorIs(t, err, codec.ErrCorrupt)
+			assert.Contains(t, err.Error(), "bad "+tc.says)
+		})
+	}
+	// The same fields in full, with an empty request section, decode.
+	var r codec.ServerRecord
+	require.NoError(t, codec.ServerDecode(sealed(append(bytes.Clone(head), 0x02, 0xc9, 0x01, 0x01, 'f', 0x01, 't', 0x00)), &r))
+	assert.Equal(t, codec.ServerRecord{Kind: codec.ServerDone, Expires: 1, Status: 201, Fingerprint: "f", Token: "t"}, r)
 }
