@@ -130,8 +130,9 @@ type Option func(*config)
 type config struct {
 	schema      string
 	log         *slog.Logger
-	callerTimes bool          // leases judged by the caller's times (tests)
-	skew        time.Duration // added to the caller's times (tests)
+	callerTimes bool                     // leases judged by the caller's times (tests)
+	skew        time.Duration            // added to the caller's times (tests)
+	events      map[string]time.Duration // WithEventRetention, by scope
 }
 
 // WithLogger sets the logger of what the store deals with on its own: a
