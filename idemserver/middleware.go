@@ -155,12 +155,13 @@ func HeaderEventID(name string) EventID {
 // with Retry-After, which senders retry; one of a finished delivery gets
 // the stored answer. Only 2xx answers are stored by default (see
 // WithWebhookClientErrors): any other answer or a panic releases the id so
-// the sender's retry runs the handler again.
-func (m *Middleware) Webhook(h http.Handler, id EventID) http.Handler {
+// the sender's retry runs the handler again. Options (WithOrder) add to
+// the route.
+func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
 	}
-	return &handler{m: m, h: h, rt: route{required: true, webhook: id}}
+	return &handler{m: m, h: webhookHandler(h, opts), rt: route{required: true, webhook: id}}
 }
 
 // handler is a wrapped route.

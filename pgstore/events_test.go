@@ -1,9 +1,13 @@
 package pgstore_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"sync"
 	"testing"
@@ -14,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemserver"
 	"github.com/idemgo/idem/internal/crashtest"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
@@ -368,4 +373,75 @@ func TestOnceInvalid(t *testing.T) {
 	require.Error(t, err)
 	_, err = f.s.Once(ctx, tx, "s", "e2")
 	assert.True(t, errors.Is(err, idem.ErrJournalWrite), "a failed transaction: %v", err)
+}
+
+// TestWebhookOrderInRequestTx orders a payment provider's webhook with
+// the request's transaction (RequestAdvancer): events delivered out of
+// order leave the newest status, a stale one is answered 200 with
+// StaleEventHeader, and a handler that fails (5xx) rolls its version back
+// with its writes, so the redelivery applies it.
+func TestWebhookOrderInRequestTx(t *testing.T) {
+	f := newEventFixture(t)
+	ctx := testContext(t)
+	state := pgx.Identifier{f.s.Schema(), "payments"}.Sanitize()
+	_, err := f.s.Pool().Exec(ctx, `CREATE TABLE `+state+` (id text PRIMARY KEY, status text NOT NULL)`)
+	require.NoError(t, err)
+	type event struct {
+		Payment string `json:"payment"`
+		Seq     int64  `json:"seq"`
+		Status  string `json:"status"`
+	}
+	failNext := false
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var ev event
+		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		_, err := pgstore.Tx(r.Context()).Exec(r.Context(), `INSERT INTO `+state+` (id, status) VALUES ($1, $2)
+			ON CONFLICT (id) DO UPDATE SET status = excluded.status`, ev.Payment, ev.Status)
+		if err != nil || failNext {
+			failNext = false
+			http.Error(w, "not applied", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	version := func(_ *http.Request, body []byte) (string, int64, error) {
+		var ev event
+		err := json.Unmarshal(body, &ev)
+		return ev.Payment, ev.Seq, err
+	}
+	h := idemserver.New(f.s).Webhook(app, nil, idemserver.WithOrder("psp", f.s.RequestAdvancer(), version))
+	deliver := func(id string, ev event) *httptest.ResponseRecorder {
+		b, _ := json.Marshal(ev)
+		r := httptest.NewRequest(http.MethodPost, "/hooks/psp", bytes.NewReader(b))
+		r.Header.Set("webhook-id", id)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	status := func() string {
+		var s string
+		require.NoError(t, f.s.Pool().QueryRow(ctx, `SELECT status FROM `+state+` WHERE id = 'p1'`).Scan(&s))
+		return s
+	}
+
+	assert.Equal(t, http.StatusNoContent, deliver("evt_2", event{"p1", 2, "succeeded"}).Code)
+	w := deliver("evt_1", event{"p1", 1, "pending"})
+	assert.Equal(t, http.StatusOK, w.Code)
+	assert.Equal(t, "true", w.Header().Get(idemserver.StaleEventHeader))
+	assert.Equal(t, "succeeded", status(), "the late pending event did not move the payment back")
+
+	failNext = true
+	assert.Equal(t, http.StatusInternalServerError, deliver("evt_3", event{"p1", 3, "refunded"}).Code)
+	assert.Equal(t, "succeeded", status(), "the failed handler's write rolled back")
+	w = deliver("evt_3", event{"p1", 3, "refunded"})
+	assert.Equal(t, http.StatusNoContent, w.Code, "the failed event's version rolled back with it: the redelivery applies")
+	assert.Equal(t, "refunded", status())
+	w = deliver("evt_3", event{"p1", 3, "refunded"})
+	assert.Equal(t, "true", w.Header().Get(idemserver.ReplayedHeader), "a duplicate is replayed by id")
+
+	_, err = f.s.RequestAdvancer().Advance(ctx, "psp", "p1", 9)
+	assert.ErrorIs(t, err, pgstore.ErrInvalidEvent, "outside a request")
 }
