@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"go/ast"
