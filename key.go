@@ -12,9 +12,10 @@ import (
 	"github.com/idemgo/idem/internal/keys"
 )
 
-// Context keys.
+// Context keys. WithKey's is internal/keys', so that idemserver's Step
+// sets it without importing the client.
 type (
-	keyContext       struct{}
+	keyContext       = keys.Context
 	operationContext struct{}
 	noKeyContext     struct{}
 )

@@ -1,6 +1,7 @@
 // Package keys holds the rule for an idempotency key, shared by the root
 // package (which checks every key before it journals it) and package
-// idemstore (CheckKey, for store authors).
+// idemstore (CheckKey, for store authors), and the context key of
+// idem.WithKey, which idemserver's Step sets without importing the client.
 package keys
 
 import "fmt"
@@ -21,3 +22,7 @@ func Check(k string) error {
 	}
 	return nil
 }
+
+// Context is the context key of the key idem.WithKey gives a context's
+// requests; its value is a string.
+type Context struct{}
