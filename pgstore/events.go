@@ -128,7 +128,7 @@ func newEventQueries(schema string) eventQueries {
 // as new.
 //
 // Cost: one statement in tx, one index entry; the row stays locked until
-// tx ends. Errors from PostgreSQL match idem.ErrJournalWrite and leave tx
+// tx ends. Errors from PostgreSQL match idemstore.ErrJournalWrite and leave tx
 // aborted (roll it back); an invalid scope or id, ErrInvalidEvent.
 func (s *ServerStore) Once(ctx context.Context, tx pgx.Tx, scope, id string) (first bool, err error) {
 	what := "once " + scope + "/" + id

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/crashtest"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
@@ -372,7 +372,7 @@ func TestOnceInvalid(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1/0`) // the transaction fails
 	require.Error(t, err)
 	_, err = f.s.Once(ctx, tx, "s", "e2")
-	assert.True(t, errors.Is(err, idem.ErrJournalWrite), "a failed transaction: %v", err)
+	assert.True(t, errors.Is(err, idemstore.ErrJournalWrite), "a failed transaction: %v", err)
 }
 
 // TestWebhookOrderInRequestTx orders a payment provider's webhook with
