@@ -161,7 +161,7 @@ func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) 
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
 	}
-	return &handler{m: m, h: webhookHandler(h, opts), rt: route{required: true, webhook: id}}
+	return &handler{m: m, h: m.webhookHandler(h, opts), rt: route{required: true, webhook: id}}
 }
 
 // handler is a wrapped route.

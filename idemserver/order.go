@@ -67,21 +67,22 @@ func WithOrder(scope string, adv Advancer, version EventVersion) WebhookOption {
 }
 
 // webhookHandler returns h with the route's options applied.
-func webhookHandler(h http.Handler, opts []WebhookOption) http.Handler {
+func (m *Middleware) webhookHandler(h http.Handler, opts []WebhookOption) http.Handler {
 	var c webhookConfig
 	for _, o := range opts {
 		o(&c)
 	}
 	if c.order != nil {
-		h = &orderedHandler{h: h, o: *c.order}
+		h = &orderedHandler{h: h, o: *c.order, cfg: &m.cfg}
 	}
 	return h
 }
 
 // orderedHandler runs h only for events newer than their entity's last.
 type orderedHandler struct {
-	h http.Handler
-	o ordering
+	h   http.Handler
+	o   ordering
+	cfg *config
 }
 
 func (oh *orderedHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -104,11 +105,13 @@ func (oh *orderedHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	applied, err := oh.o.adv.Advance(r.Context(), oh.o.scope, entity, version)
 	if err != nil {
+		oh.cfg.logger.Error("idemserver: event version not recorded; event refused", "scope", oh.o.scope, "entity", entity, "version", version, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
-			"The event's version could not be recorded; the event was not handled.", DefaultRetryAfter)
+			"The event's version could not be recorded; the event was not handled.", oh.cfg.retryAfter)
 		return
 	}
 	if !applied {
+		oh.cfg.logger.Debug("idemserver: stale event answered without running the handler", "scope", oh.o.scope, "entity", entity, "version", version)
 		w.Header().Set(StaleEventHeader, "true")
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(http.StatusOK)

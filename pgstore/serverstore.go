@@ -43,6 +43,14 @@ import (
 // Tx for how a handler writes its rows in the same transaction as the
 // stored answer.
 //
+// Event consumers: Once records a delivered event id and Advance an
+// entity's newest version in the consumer's own transaction (any pgx.Tx,
+// Tx's included), so that a redelivered event runs once and an older one
+// never overwrites a newer state; RequestAdvancer orders idemserver's
+// Webhook routes (idemserver.WithOrder) the same way. Their records expire
+// after a retention per scope (WithEventRetention) and are deleted by
+// Sweep with the inbound keys.
+//
 // Failures: every error from PostgreSQL (unreachable, restarted, a
 // terminated connection) matches idemstore.ErrJournalWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
@@ -55,10 +63,10 @@ import (
 // or a 409), so every Begin is a write transaction and, with
 // synchronous_commit=on, waits for one WAL flush.
 //
-// Schema: the table inbound_keys lives in the store's schema (see
-// WithSchema), next to the client Store's tables, and is created by the
-// same embedded, versioned migrations under the same advisory lock, so
-// replicas that start at once migrate once. A record whose answer was not
+// Schema: the tables inbound_keys, event_ids and entity_versions live in
+// the store's schema (see WithSchema), next to the client Store's tables,
+// and are created by the same embedded, versioned migrations under the
+// same advisory lock, so replicas that start at once migrate once. A record whose answer was not
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
