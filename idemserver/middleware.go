@@ -155,8 +155,7 @@ func HeaderEventID(name string) EventID {
 // with Retry-After, which senders retry; one of a finished delivery gets
 // the stored answer. Only 2xx answers are stored by default (see
 // WithWebhookClientErrors): any other answer or a panic releases the id so
-// the sender's retry runs the handler again. Options (WithOrder) add to
-// the route.
+// the sender's retry runs the handler again.
 func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)

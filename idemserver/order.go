@@ -34,7 +34,8 @@ type Advancer interface {
 	Advance(ctx context.Context, scope, entity string, version int64) (applied bool, err error)
 }
 
-// A WebhookOption configures one Webhook route.
+// A WebhookOption configures one Webhook route: Middleware.Webhook takes
+// them after the EventID (WithOrder).
 type WebhookOption func(*webhookConfig)
 
 type webhookConfig struct {
