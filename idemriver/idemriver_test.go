@@ -176,6 +176,9 @@ type stepWriter struct {
 
 func (s stepWriter) WriteHeader(code int) { s.at("after-commit"); s.ResponseWriter.WriteHeader(code) }
 
+// app scopes the tests' keys by the principal of the one mobile app.
+var app = idemserver.WithPrincipal(func(*http.Request) (string, error) { return "app", nil })
+
 // crashLease is the lease of the server child's key: the parent's retry
 // waits for it to lapse, in real time.
 const crashLease = time.Second
@@ -209,7 +212,7 @@ func serverChild() int {
 			select {} // killed here
 		}
 	}
-	h := idemserver.New(s, idemserver.WithLease(crashLease)).Required(orderHandler(rc, pgx.Identifier{s.Schema(), "orders"}.Sanitize(), at))
+	h := idemserver.New(s, app, idemserver.WithLease(crashLease)).Required(orderHandler(rc, pgx.Identifier{s.Schema(), "orders"}.Sanitize(), at))
 	r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(orderBody))
 	r.Header.Set("Idempotency-Key", "app-order-1")
 	h.ServeHTTP(stepWriter{httptest.NewRecorder(), at}, r)
@@ -238,9 +241,9 @@ func TestJobIffAnswerAcrossSIGKILL(t *testing.T) {
 			assert.Equal(t, []int{tt.kept, tt.kept, tt.kept}, []int{rows, answers, jobs}, "rows, answers, jobs after the kill")
 
 			var key string
-			h := idemserver.New(f.s, idemserver.WithLease(crashLease)).Required(orderHandler(f.river, f.orders, func(string) {}))
+			h := idemserver.New(f.s, app, idemserver.WithLease(crashLease)).Required(orderHandler(f.river, f.orders, func(string) {}))
 			keyed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) })
-			probe := idemserver.New(idemserver.NewMemoryStore()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			probe := idemserver.New(idemserver.NewMemoryStore(), app).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				key, _ = idemserver.StepKey(r.Context(), "receipt") // what the handler derives for this request
 			}))
 			postOrder(probe)
@@ -350,7 +353,7 @@ func TestWorkerKilledMidCallSendsOneKey(t *testing.T) {
 	}))
 	defer mail.Close()
 
-	h := idemserver.New(f.s).Required(orderHandler(f.river, f.orders, func(string) {}))
+	h := idemserver.New(f.s, app).Required(orderHandler(f.river, f.orders, func(string) {}))
 	require.Equal(t, http.StatusCreated, postOrder(h).Code)
 	keys := f.jobKeys(t)
 	require.Len(t, keys, 1)
