@@ -20,9 +20,15 @@ import (
 const DefaultEventRetention = 7 * 24 * time.Hour
 
 // ErrInvalidEvent is returned, wrapped, by Once and Advance for an empty
-// scope, event id or entity, or one that is not valid UTF-8 or holds a NUL
-// byte (PostgreSQL's text cannot), and for a nil transaction.
+// scope, event id or entity, one longer than MaxEventNameBytes, or one
+// that is not valid UTF-8 or holds a NUL byte (PostgreSQL's text cannot),
+// and for a nil transaction.
 var ErrInvalidEvent = errors.New("pgstore: invalid event")
+
+// MaxEventNameBytes is the longest scope, event id or entity Once and
+// Advance take, as idem.WithOperation's names: short enough for one index
+// entry.
+const MaxEventNameBytes = 1024
 
 // WithEventRetention sets how long ServerStore.Once and ServerStore.Advance
 // keep the records of scope: an event id is a duplicate for d after its
@@ -201,8 +207,8 @@ func (s *ServerStore) eventCheck(ctx context.Context, tx pgx.Tx, what, scope, na
 		return fmt.Errorf("pgstore: %s: %w: nil transaction", what, ErrInvalidEvent)
 	}
 	for _, v := range [...]string{scope, name} {
-		if v == "" || !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-			return fmt.Errorf("pgstore: %s: %w: %q must be non-empty UTF-8 without NUL", what, ErrInvalidEvent, v)
+		if v == "" || len(v) > MaxEventNameBytes || !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("pgstore: %s: %w: a scope, id or entity is 1 to %d bytes of UTF-8 without NUL", what, ErrInvalidEvent, MaxEventNameBytes)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -355,7 +356,7 @@ func TestOnceInvalid(t *testing.T) {
 	tx, err := f.s.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	for _, c := range []struct{ scope, id string }{{"", "e"}, {"s", ""}, {"s", "a\x00b"}, {"s", "\xff"}} {
+	for _, c := range []struct{ scope, id string }{{"", "e"}, {"s", ""}, {"s", "a\x00b"}, {"s", "\xff"}, {"s", strings.Repeat("x", pgstore.MaxEventNameBytes+1)}} {
 		_, err := f.s.Once(ctx, tx, c.scope, c.id)
 		assert.ErrorIs(t, err, pgstore.ErrInvalidEvent, "%q/%q", c.scope, c.id)
 		_, err = f.s.Advance(ctx, tx, c.scope, c.id, 1)
