@@ -29,10 +29,11 @@
 //     idemserver.StepKey's for the step (a UUID of the request's scope, key,
 //     payload fingerprint and step name), written in the job's metadata at
 //     enqueue time; Work puts it in the worker's context with idem.WithKey.
-//     A worker killed mid-call is retried by River (its rescuer, after
-//     Config.RescueStuckJobsAfter) on any process, which sends the call
-//     again under that key, whatever idem journal it has; a provider that
-//     honours keys performs it once.
+//     A worker killed mid-call is retried by River (its rescuer, once the
+//     job has run longer than Config.RescueStuckJobsAfter and its
+//     JobTimeout; River never rescues a job whose timeout is -1, none) on
+//     any process, which sends the call again under that key, whatever
+//     idem journal it has; a provider that honours keys performs it once.
 //   - Waiting is bounded: River retries a failed job with its retry policy
 //     (by default a backoff that grows with the attempt's fourth power, up
 //     to MaxAttempts, 25 by default), and the idem Client retries each
