@@ -2,9 +2,14 @@ package idemserver_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -56,4 +61,72 @@ func TestMiddlewareCloseBoundedByStoreTimeout(t *testing.T) {
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.ErrorContains(t, err, "sweep")
 	})
+}
+
+// slowRenew wraps a store whose Renew waits until release is closed,
+// once it said so on entered.
+type slowRenew struct {
+	idemserver.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *slowRenew) Renew(ctx context.Context, id, token string, now, until time.Time) error {
+	s.entered <- struct{}{}
+	<-s.release
+	return s.Store.Renew(ctx, id, token, now, until)
+}
+
+// requestValue is the key of a value a test puts in a request's context.
+type requestValue struct{}
+
+// TestFenceNotRearmedAfterRequest: a renewal that returns after the
+// request ended does not re-arm the fence timer, which would keep the
+// finished request's state (and everything its context holds) alive for
+// most of a lease.
+func TestFenceNotRearmedAfterRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowRenew{Store: idemserver.NewMemoryStore(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+		mw := idemserver.New(st, idemserver.WithLease(30*time.Second))
+		finish := make(chan struct{})
+		h := mw.Required(&app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
+			<-finish
+			created(w, r, run)
+		}})
+		held, served := serveHolding(h)
+		<-st.entered  // fake time: the first renewal, at a third of the lease, is under way
+		close(finish) // the handler returns; the renewals stop while one is under way
+		synctest.Wait()
+		close(st.release)
+		<-served
+		// Fake time: to 25 s, past the end of the first fence (22.5 s,
+		// three quarters of the lease: a stopped timer may stay in the
+		// runtime's heap until then), before the end of a fence re-armed
+		// by the renewal that returned at 10 s (32.5 s).
+		time.Sleep(15 * time.Second)
+		synctest.Wait()
+		runtime.GC()
+		runtime.GC()
+		assert.Nil(t, held.Value(), "the finished request's context is still referenced: the fence timer was re-armed after the request ended")
+		time.Sleep(time.Minute) // let a re-armed fence fire, so that the bubble ends
+	})
+}
+
+// serveHolding serves one keyed request through h in a goroutine, with a
+// value in its context that nothing else references, and returns a weak
+// pointer to that value and a channel closed when the request ended. It
+// is not inlined, so that the caller's frame holds no reference.
+//
+//go:noinline
+func serveHolding(h http.Handler) (weak.Pointer[[64]byte], <-chan struct{}) {
+	v := new([64]byte)
+	r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader("a"))
+	r.Header.Set("Idempotency-Key", "k1")
+	r = r.WithContext(context.WithValue(r.Context(), requestValue{}, v))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}()
+	return weak.Make(v), done
 }

@@ -264,9 +264,14 @@ func (r *renewer) tick() {
 	rcancel()
 	switch {
 	case err == nil:
-		if r.ctx.Err() == nil {
+		// Under mu, as stop stops the fence: a renewal that returns
+		// after the request ended must not re-arm it, which would keep
+		// the run alive for most of a lease.
+		r.mu.Lock()
+		if !r.stopped && r.ctx.Err() == nil {
 			fence.Reset(r.hold - time.Since(sent))
 		}
+		r.mu.Unlock()
 	case errors.Is(err, ErrLockLost):
 		m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", r.u.id, "err", err)
 		r.cancel(err)
