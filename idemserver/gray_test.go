@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -129,4 +130,45 @@ func serveHolding(h http.Handler) (weak.Pointer[[64]byte], <-chan struct{}) {
 		h.ServeHTTP(httptest.NewRecorder(), r)
 	}()
 	return weak.Make(v), done
+}
+
+// TestLocalStoreHoldsKeyWhileHandlerRuns: with an in-process store, a
+// request whose handler still runs keeps its key whatever the clock says:
+// here the middleware's clock jumps past the lease between two renewals,
+// as it does for a process paused (SIGSTOP, a GC pause, a VM migration)
+// longer than its lease, and a second request with the same key is
+// answered 409, never run.
+func TestLocalStoreHoldsKeyWhileHandlerRuns(t *testing.T) {
+	forStores(t, func(t *testing.T, s idemserver.Store) {
+		var skew atomic.Int64
+		finish, entered := make(chan struct{}), make(chan struct{})
+		a := &app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
+			if run == 1 {
+				close(entered)
+				<-finish
+			}
+			created(w, r, run)
+		}}
+		mw := idemserver.New(s, idemserver.WithLease(time.Second))
+		idemserver.SetClock(mw, func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
+		h := mw.Required(a)
+		var first *httptest.ResponseRecorder
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			first = do(h, req{key: "k1", body: "a"})
+		}()
+		<-entered
+		time.Sleep(1500 * time.Millisecond) // fake time: renewals keep the lease
+		synctest.Wait()
+		skew.Store(int64(5 * time.Second)) // the wall clock moved on while this process stood still
+		second := do(h, req{key: "k1", body: "a"})
+		assert.Equal(t, http.StatusConflict, second.Code, "the key of a running handler went to another request")
+		close(finish)
+		<-done
+		assert.Equal(t, http.StatusCreated, first.Code, "the handler's own answer stands: its key was never lost")
+		assert.EqualValues(t, 1, a.runs.Load(), "the handler ran once")
+		third := do(h, req{key: "k1", body: "a"})
+		assert.Equal(t, "true", third.Header().Get(idemserver.ReplayedHeader), "a retry gets the stored answer")
+	})
 }
