@@ -115,8 +115,8 @@ func TestBoltStorePausedPastLeaseRunsHandlerOnce(t *testing.T) {
 	require.Equal(t, "running 1", line)
 
 	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
-	go order(second) // accepted by the kernel, read once the process goes on
-	time.Sleep(pauseLease*5/2 + pauseLease/2)
+	go order(second)               // accepted by the kernel, read once the process goes on
+	time.Sleep(pauseLease * 5 / 2) // 2.5 s: the lease lapses while the process stands still
 	require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
 
 	var a2 answer
