@@ -1,9 +1,12 @@
 package idem
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/idemgo/idem/internal/wait"
 )
 
 // The one peek at a failed answer's body, which the classifier reads for
@@ -20,8 +23,9 @@ const (
 // peekBody returns the first bytes of resp's body, at most peekLimit, and
 // the body that holds them, which replaces resp.Body so that the caller
 // still reads the body whole. The first call starts the read in a
-// goroutine and waits for it until peekWait has passed; every later call
-// on the same response shares that read and its deadline. It returns a
+// goroutine and waits for it until peekWait has passed, or the request's
+// context ends; every later call on the same response shares that read
+// and its deadline. It returns a
 // nil body when resp has none, or the read stalled past its deadline or
 // failed: then the classifier knows nothing from the body.
 func peekBody(resp *http.Response) ([]byte, *peekedBody) {
@@ -35,11 +39,13 @@ func peekBody(resp *http.Response) ([]byte, *peekedBody) {
 		go pb.peek()
 	}
 	if pb.stalled() {
-		t := time.NewTimer(time.Until(pb.until))
-		defer t.Stop()
-		select {
-		case <-pb.done:
-		case <-t.C:
+		parent := context.Background()
+		if resp.Request != nil {
+			parent = resp.Request.Context() // a caller who left stops the wait too
+		}
+		ctx, cancel := context.WithDeadline(parent, pb.until)
+		defer cancel()
+		if wait.For(ctx, "a response body's first bytes", pb.done) != nil {
 			return nil, nil
 		}
 	}
