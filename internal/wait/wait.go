@@ -1,8 +1,8 @@
 // Package wait is the one way idem waits for something it does not
 // control (a goroutine, a store call, the application's code) under a
-// caller's bound: every shutdown and close wait, and the in-doubt path, go
-// through For, so that each returns when its context ends and says what it
-// gave up waiting for.
+// caller's bound: every shutdown and close wait, the in-doubt path and the
+// body peek go through For, so that each returns when its context ends and
+// says what it gave up waiting for.
 package wait
 
 import (
