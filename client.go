@@ -152,7 +152,8 @@ func (c *Client) Pending(ctx context.Context, after string, limit int) ([]Operat
 // background resumer and a running Resume, for the journal's close.
 const closeWait = 30 * time.Second
 
-// Close is Shutdown with a bound of 30 seconds.
+// Close is Shutdown with a bound of 30 seconds (and the second Shutdown
+// keeps for the journal's close).
 func (c *Client) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()
@@ -170,7 +171,9 @@ func (c *Client) Close() error {
 // calls still in flight stay pending in it, and Resume finishes them
 // after the restart), and returns an error that names each thing it
 // stopped waiting for and matches ctx's cause, such as
-// context.DeadlineExceeded. A Resume handler or a WithResumePrepare hook
+// context.DeadlineExceeded. The sweeps and the journal's close still get
+// a second once ctx has ended, so Shutdown returns at most a second after
+// ctx ends. A Resume handler or a WithResumePrepare hook
 // that does not return never holds Shutdown past ctx; it goes on in the
 // background, against a closed journal. Later calls return the first
 // call's result.
