@@ -125,7 +125,7 @@ func (s *ServerStore) Schema() string { return s.schema }
 // Each is one statement, so one implicit transaction and one commit
 // (complete also runs inside a request's transaction).
 type serverQueries struct {
-	begin, renew, complete, release, sweep string
+	begin, renew, complete, release, sweep, sweepWait string
 }
 
 // sweepChunk bounds the rows one Sweep statement deletes, so that no
@@ -181,6 +181,11 @@ func newServerQueries(schema string) serverQueries {
 		sweep: `DELETE FROM ` + t + ` WHERE id IN (
 			SELECT id FROM ` + t + ` WHERE expires <= ` + serverNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
 			FOR UPDATE SKIP LOCKED)`,
+		// sweepWait is Sweep's last pass: the same, waiting for the rows
+		// others hold, so that the rows another Sweep left are deleted.
+		sweepWait: `DELETE FROM ` + t + ` WHERE id IN (
+			SELECT id FROM ` + t + ` WHERE expires <= ` + serverNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
+			FOR UPDATE)`,
 	}
 }
 
@@ -329,7 +334,10 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 
 // Sweep implements idemserver.Store. It deletes in statements of at most a
 // thousand rows; replicas may sweep at once, each deleting the rows the
-// others do not hold at that moment.
+// others do not hold at that moment, and once a statement comes back
+// short, a last one waits for the rows others held and deletes what they
+// left: Sweep returns when no expired row is left, with the count of the
+// rows this call deleted.
 func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for {
@@ -342,7 +350,15 @@ func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 		}
 		n := int(tag.RowsAffected())
 		total += n
-		if n < sweepChunk {
+		if n == sweepChunk {
+			continue
+		}
+		if tag, err = s.pool.Exec(ctx, s.q.sweepWait, s.callerNow(now)); err != nil {
+			return total, s.fail(ctx, "sweep", err)
+		}
+		n = int(tag.RowsAffected())
+		total += n
+		if n == 0 {
 			return total, nil
 		}
 	}
