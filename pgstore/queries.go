@@ -22,7 +22,7 @@ var columns = []string{
 // implicit transaction, so one commit.
 type queries struct {
 	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, sweepWait, lastChange, barrier string
-	now, policy, setPolicy, newer, releaseOwner, present                                               string
+	now, policy, setPolicy, newer, releaseOwner, present                                                          string
 }
 
 // dbNow is the database's clock in Unix nanoseconds (to the microsecond).
@@ -168,7 +168,7 @@ func newQueries(schema string, dbClock bool) queries {
 		// rows; sweepWait, the same without SKIP LOCKED, is the last pass:
 		// it waits for the rows others hold and deletes those they left
 		// (a row changed meanwhile is checked again once locked).
-		sweep: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`),
+		sweep:     r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`),
 		sweepWait: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE)`),
 
 		// lastChange: the finished rows' latest through their index on
