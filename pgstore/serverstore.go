@@ -229,12 +229,53 @@ func (s *ServerStore) fail(ctx context.Context, what string, err error) error {
 	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
 }
 
-// Begin implements idemserver.Store.
+// claimGrace bounds how long a claim's statement runs on after its
+// context ended, and then how long the release of its token may take.
+const claimGrace = 500 * time.Millisecond
+
+// Begin implements idemserver.Store. A claim is never orphaned by its
+// caller: the statement runs under a context of its own that ends
+// claimGrace (500 ms) after ctx does (and at most 30 seconds), so a
+// request whose client drops mid-claim does not cut the statement off
+// between PostgreSQL's commit and its answer. If ctx ended meanwhile, or
+// the statement's answer was lost, Begin deletes the row its own token may
+// hold (at most another claimGrace) and returns an error: the key is free
+// for the next request at once, not held until its lease lapses. Only
+// when that release cannot reach PostgreSQL either is the key left to its
+// lease. Begin so returns at most 1 second after ctx ends.
 func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver.Claim, error) {
 	if err := s.check(ctx); err != nil {
 		return idemserver.Claim{}, err
 	}
 	tok := uuid.NewString()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(claimGrace, cancel) })
+	defer stop()
+	c, err := s.begin(sctx, b, tok)
+	switch {
+	case ctx.Err() != nil && (err == nil && c.State == idemserver.StateAcquired || maybeSent(err)):
+		s.abandon(ctx, b.ID, tok)
+		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the request ended during the claim; its key is released: %w", b.ID, context.Cause(ctx))
+	case ctx.Err() != nil:
+		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: %w", b.ID, context.Cause(ctx))
+	case err != nil && maybeSent(err):
+		s.abandon(ctx, b.ID, tok)
+	}
+	return c, err
+}
+
+// abandon deletes the in-flight row that token may hold, within
+// claimGrace, so that a claim whose caller is gone does not hold its key.
+func (s *ServerStore) abandon(ctx context.Context, id, token string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimGrace)
+	defer cancel()
+	_, _ = s.pool.Exec(rctx, s.q.release, id, token)
+}
+
+// begin is Begin's statement, run under ctx, and tried again while its
+// snapshot misses the row it conflicted with.
+func (s *ServerStore) begin(ctx context.Context, b idemserver.Begin, tok string) (idemserver.Claim, error) {
 	lease := nanos(b.LeaseUntil) - nanos(b.Now)
 	for range beginTries {
 		var (
