@@ -52,4 +52,3 @@ func TestServerStoreClaimNotOrphaned(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idemserver.StateAcquired, c.State, "the retry after a dropped claim (StateInFlight: the key is orphaned until its lease lapses)")
 }
-
