@@ -55,6 +55,15 @@ import (
 // or a 409), so every Begin is a write transaction and, with
 // synchronous_commit=on, waits for one WAL flush.
 //
+// Renewals have connections of their own: the store keeps a second pool
+// of at most two connections, made from the given pool's configuration
+// and opened on first use, that only Renew uses. Handlers holding their
+// request transactions (Tx) past the lease, as many as the pool has
+// connections, so never starve their own renewals and are not fenced
+// for it; the database sees up to two connections more than
+// pool_max_conns. Close closes that pool (NewServerStore's caller still
+// closes its own).
+//
 // Schema: the table inbound_keys lives in the store's schema (see
 // WithSchema), next to the client Store's tables, and is created by the
 // same embedded, versioned migrations under the same advisory lock, so
@@ -62,7 +71,11 @@ import (
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// renewals is the store's own small pool, made from pool's config,
+	// that only Renew uses: request transactions that fill pool never
+	// hold up a renewal (see the type's doc).
+	renewals *pgxpool.Pool
 	ownPool bool // OpenServerStore made the pool, so Close closes it
 	schema  string
 	q       serverQueries
@@ -112,8 +125,20 @@ func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*S
 	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
 		return nil, err
 	}
-	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema)}, nil
+	rc := pool.Config()
+	rc.MaxConns, rc.MinConns = renewalConns, 0
+	renewals, err := pgxpool.NewWithConfig(ctx, rc)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: renewal pool: %w: %w", idem.ErrJournalWrite, err)
+	}
+	return &ServerStore{pool: pool, renewals: renewals, schema: c.schema, q: newServerQueries(c.schema)}, nil
 }
+
+// renewalConns is the size of a ServerStore's renewal pool. A renewal is
+// one short update, so two connections carry the renewals of many
+// requests, and one renewal stuck behind a row someone else locked does
+// not hold up the others'.
+const renewalConns = 2
 
 // Pool returns the connection pool the store uses.
 func (s *ServerStore) Pool() *pgxpool.Pool { return s.pool }
@@ -315,13 +340,13 @@ func (s *ServerStore) begin(ctx context.Context, b idemserver.Begin, tok string)
 	return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the key changed under %d tries: %w", b.ID, beginTries, idem.ErrJournalWrite)
 }
 
-// held runs the statement q on the in-flight row id held under token;
-// changing no row means the caller lost it.
-func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any) error {
+// held runs the statement q on the in-flight row id held under token,
+// on pool; changing no row means the caller lost it.
+func (s *ServerStore) held(ctx context.Context, pool *pgxpool.Pool, what, q, id string, args ...any) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, q, args...)
+	tag, err := pool.Exec(ctx, q, args...)
 	if err != nil {
 		return s.fail(ctx, what+" "+id, err)
 	}
@@ -331,9 +356,11 @@ func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any)
 	return nil
 }
 
-// Renew implements idemserver.Store.
+// Renew implements idemserver.Store. It runs on the store's renewal pool,
+// never waiting for a connection of the pool that request transactions
+// hold.
 func (s *ServerStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
-	return s.held(ctx, "renew", s.q.renew, id, id, token, s.callerNow(now), nanos(until)-nanos(now))
+	return s.held(ctx, s.renewals, "renew", s.q.renew, id, id, token, s.callerNow(now), nanos(until)-nanos(now))
 }
 
 // completeArgs returns the arguments of the complete statement for c.
@@ -365,12 +392,12 @@ func (s *ServerStore) Complete(ctx context.Context, c idemserver.Completion) err
 	if err != nil {
 		return err
 	}
-	return s.held(ctx, "complete", s.q.complete, c.ID, args...)
+	return s.held(ctx, s.pool, "complete", s.q.complete, c.ID, args...)
 }
 
 // Release implements idemserver.Store.
 func (s *ServerStore) Release(ctx context.Context, id, token string) error {
-	return s.held(ctx, "release", s.q.release, id, id, token)
+	return s.held(ctx, s.pool, "release", s.q.release, id, id, token)
 }
 
 // Sweep implements idemserver.Store. It deletes in statements of at most a
@@ -412,6 +439,7 @@ func (s *ServerStore) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idemserver.ErrClosed)
 	}
+	s.renewals.Close()
 	if s.ownPool {
 		s.pool.Close()
 	}
