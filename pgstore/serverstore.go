@@ -76,10 +76,10 @@ type ServerStore struct {
 	// that only Renew uses: request transactions that fill pool never
 	// hold up a renewal (see the type's doc).
 	renewals *pgxpool.Pool
-	ownPool bool // OpenServerStore made the pool, so Close closes it
-	schema  string
-	q       serverQueries
-	closed  atomic.Bool
+	ownPool  bool // OpenServerStore made the pool, so Close closes it
+	schema   string
+	q        serverQueries
+	closed   atomic.Bool
 	// callerClock makes the store judge leases by the times its callers
 	// pass, as stores without a shared clock do; for tests that move time
 	// (see export_test.go), never for production.
