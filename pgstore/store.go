@@ -64,7 +64,19 @@
 // stays pending and is sent again under its key. Reads and changes of this
 // store wait for the held marks first (within their context, failing at
 // once while PostgreSQL does not take them), and Close makes every mark
-// durable or returns an error matching idem.ErrJournalWrite. A mark
+// durable or returns an error matching idem.ErrJournalWrite.
+//
+// A journal row that another transaction holds locked (an operator's
+// session, a long transaction, SELECT ... FOR UPDATE) slows only its own
+// operation: marks wait for a row lock at most 250 ms, then the mark of
+// that row, and every later mark of its operation, is set aside and
+// written on its own, again until PostgreSQL takes it, while the marks of
+// other operations, reservations and reads go on without waiting for it.
+// Its caller returns nil (accepted) as above; the operation stays pending
+// — in doubt — for every reader, this store included, until the mark is
+// written: it is never reported finished by assumption, and once its
+// lease lapses Resume may send it again under its key. A role's
+// statement_timeout that cancels a mark is dealt with the same way. A mark
 // PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is written
 // without its error text, or, refused again, dropped and logged
 // (WithLogger); it never holds back the marks after it. Error texts are
