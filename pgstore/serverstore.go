@@ -250,6 +250,8 @@ func (s *ServerStore) fail(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("pgstore: %s: %w", what, context.Cause(ctx))
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", what, idemserver.ErrClosed)
+	case pooler(err):
+		return fmt.Errorf("pgstore: %s: %w (%s): %w: %w", what, ErrPooler, poolerHint, idem.ErrJournalWrite, err)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
 }
