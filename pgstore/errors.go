@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // ErrPermission is returned when PostgreSQL refuses the store's role a
@@ -15,7 +15,7 @@ import (
 // the first time, or reading and writing them later. At Open and New it
 // is the error's only sentinel, so that it is not taken for a database
 // that cannot be reached; from the KeyStore's methods it also matches
-// idem.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
+// idemstore.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
 var ErrPermission = errors.New("pgstore: permission denied")
 
 // ErrPooler is returned when the connection pooler between the store and
@@ -26,7 +26,7 @@ var ErrPermission = errors.New("pgstore: permission denied")
 // "prepared statement ... already exists" (SQLSTATE 42P05) or "does not
 // exist" (26000). Open, New, OpenServerStore and NewServerStore probe for
 // it and return it as the error's only sentinel; the stores' methods
-// return it with idem.ErrJournalWrite. The cure is in the DSN:
+// return it with idemstore.ErrJournalWrite. The cure is in the DSN:
 // default_query_exec_mode=exec (or simple_protocol, or cache_describe),
 // which prepare no named statement.
 var ErrPooler = errors.New("pgstore: the connection pooler breaks prepared statements")
@@ -89,15 +89,15 @@ func dbError(what, key string, err error) error {
 		what += " " + key
 	}
 	if sqlState(err) == "42501" {
-		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idem.ErrJournalWrite, err)
+		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idemstore.ErrJournalWrite, err)
 	}
 	if pooler(err) {
-		return fmt.Errorf("pgstore: %s: %w (%s): %w: %w", what, ErrPooler, poolerHint, idem.ErrJournalWrite, err)
+		return fmt.Errorf("pgstore: %s: %w (%s): %w: %w", what, ErrPooler, poolerHint, idemstore.ErrJournalWrite, err)
 	}
-	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
+	return fmt.Errorf("pgstore: %s: %w: %w", what, idemstore.ErrJournalWrite, err)
 }
 
 // unknownError wraps the error of a change whose answer was lost.
 func unknownError(what, key string, err error) error {
-	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idem.ErrOutcomeUnknown, err)
+	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idemstore.ErrOutcomeUnknown, err)
 }
