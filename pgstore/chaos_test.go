@@ -544,6 +544,9 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	require.NoError(t, err, "final replica")
 	require.True(t, scan(lines), "the final replica completed")
 	res.elapsed = time.Since(start)
+	// The checks get a bound of their own: a long run outlasts the
+	// context the run began with.
+	ctx = testContext(t)
 
 	st := srv.Stats()
 	res.Ledger = chaoskit.Tally(st, chaoskit.PostCharges(st, cfg.ops, fleetPath, fleetBody))
