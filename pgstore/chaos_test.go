@@ -57,7 +57,7 @@ import (
 //
 // The default is small enough for CI. The long variant:
 //
-//	go test -run '^TestFleetChaos$' -v -fleet.ops=5000 -fleet.kills=30 -timeout=30m .
+//	go test -run '^TestFleetChaos$' -v -fleet.ops=8000 -fleet.kills=45 -timeout=40m .
 var (
 	fleetFlags    = chaoskit.NewFlags("fleet", "fleet chaos test", 90, 6, 4)
 	fleetDB       = flag.Bool("fleet.dbfaults", true, "fleet chaos test: faults between the replicas and PostgreSQL, and skewed replicas")
