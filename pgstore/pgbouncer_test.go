@@ -1,0 +1,93 @@
+package pgstore_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/pgstore"
+	"github.com/idemgo/idem/pgstore/internal/pgtest"
+	"github.com/idemgo/idem/storetest"
+)
+
+// TestPgBouncerOpenNamesCause opens a Store and a ServerStore through a
+// real PgBouncer in transaction pooling mode with pgx's default query
+// mode, whose named prepared statements do not survive the pooler: Open
+// fails with an error that says so and what to put in the DSN.
+func TestPgBouncerOpenNamesCause(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	bouncer := pgtest.Bouncer(t, dsn)
+	ctx := testContext(t)
+	schema := pgtest.Schema(t, dsn)
+	s, err := pgstore.Open(ctx, bouncer, pgstore.WithSchema(schema))
+	if err == nil {
+		s.Close()
+	}
+	require.Error(t, err, "Open through PgBouncer with named prepared statements")
+	t.Logf("Open: %v", err)
+	assert.ErrorIs(t, err, pgstore.ErrPooler)
+	assert.Contains(t, err.Error(), "default_query_exec_mode=exec", "the error names the DSN setting")
+
+	ss, err := pgstore.OpenServerStore(ctx, bouncer, pgstore.WithSchema(schema))
+	if err == nil {
+		ss.Close()
+	}
+	assert.ErrorIs(t, err, pgstore.ErrPooler, "OpenServerStore")
+}
+
+// TestPgBouncerConformance runs the KeyStore contract suite through a real
+// PgBouncer in transaction pooling mode, with the DSN setting the package
+// documents for it.
+func TestPgBouncerConformance(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	bouncer := withParam(pgtest.Bouncer(t, dsn), "default_query_exec_mode=exec")
+	storetest.Run(t, storetest.Config{
+		Open: func(t *testing.T) idem.KeyStore {
+			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(pgtest.Schema(t, dsn)), pgstore.WithCallerLeaseTimes())
+			require.NoError(t, err)
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
+			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(closed.(*pgstore.Store).Schema()), pgstore.WithCallerLeaseTimes())
+			require.NoError(t, err)
+			return s
+		},
+	})
+}
+
+// TestPgBouncerServerStore runs idempotent handlers through a real
+// PgBouncer in transaction pooling mode, in the simple protocol: a
+// request that writes its row in the request's transaction, its replay,
+// and the same key with another payload.
+func TestPgBouncerServerStore(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	bouncer := withParam(pgtest.Bouncer(t, dsn), "default_query_exec_mode=simple_protocol")
+	s := openServerStore(t, bouncer, pgtest.Schema(t, dsn))
+	table := ordersTable(t, s)
+	runs := 0
+	h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		if _, err := pgstore.Tx(r.Context()).Exec(r.Context(), `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"order":1}`))
+	}))
+	first := postKey(t, h, "order-1", "a")
+	require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+	replay := postKey(t, h, "order-1", "a")
+	assert.Equal(t, http.StatusCreated, replay.Code)
+	assert.Equal(t, "true", replay.Header().Get(idemserver.ReplayedHeader))
+	assert.Equal(t, `{"order":1}`, replay.Body.String())
+	other := postKey(t, h, "order-1", "b")
+	assert.Equal(t, http.StatusUnprocessableEntity, other.Code, strings.TrimSpace(other.Body.String()))
+	assert.Equal(t, 1, runs, "handler runs")
+	assert.Equal(t, 1, countRows(t, s, table, "order-1"), "rows the handler wrote")
+}
