@@ -135,6 +135,10 @@ func benchReplicas(b *testing.B, url string, body []byte, replicas, inflight int
 	b.ReportMetric(float64(tr.stmts.Load())/f, "statements/op")
 	b.ReportMetric(float64(tr.trips.Load())/f, "tx/op")
 	b.ReportMetric(float64(pgUsed.Microseconds())/f, "pg-cpu-us/op")
+	if g := c0(tr.groups.Load()); g > 0 {
+		b.ReportMetric(float64(tr.reserved.Load())/g, "reserve-group")
+		b.ReportMetric(float64(tr.groupNanos.Load())/g/1e6, "reserve-group-ms")
+	}
 	report(b, n, elapsed, used)
 }
 
@@ -165,6 +169,8 @@ func postN(b *testing.B, do func(*http.Request) (*http.Response, error), url str
 	wg.Wait()
 }
 
+func c0(n int64) float64 { return float64(n) }
+
 func report(b *testing.B, n int, elapsed, cpu time.Duration) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-us/op")
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
@@ -183,11 +189,21 @@ func cpuNow() time.Duration {
 // backends the pools talk to (by process id, for their CPU).
 type counter struct {
 	trips, stmts atomic.Int64
-	mu           sync.Mutex
-	pids         map[uint32]bool
+	// reservation groups: how many, their reservations, their time
+	groups, reserved, groupNanos atomic.Int64
+	mu                           sync.Mutex
+	pids                         map[uint32]bool
 }
 
-func (c *counter) reset() { c.trips.Store(0); c.stmts.Store(0) }
+func (c *counter) reset() {
+	c.trips.Store(0)
+	c.stmts.Store(0)
+	c.groups.Store(0)
+	c.reserved.Store(0)
+	c.groupNanos.Store(0)
+}
+
+type groupStart struct{}
 
 func (c *counter) saw(conn *pgx.Conn) {
 	pid := conn.PgConn().PID()
@@ -209,11 +225,20 @@ func (c *counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.Tra
 	c.trips.Add(1)
 	c.stmts.Add(int64(d.Batch.Len()))
 	c.saw(conn)
+	if d.Batch.Len() > 0 && isReserve(d.Batch.QueuedQueries[0].SQL) {
+		c.groups.Add(1)
+		c.reserved.Add(int64(d.Batch.Len()))
+		return context.WithValue(ctx, groupStart{}, time.Now())
+	}
 	return ctx
 }
 
 func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *counter) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if t, ok := ctx.Value(groupStart{}).(time.Time); ok {
+		c.groupNanos.Add(int64(time.Since(t)))
+	}
+}
 
 // pgCPU is the CPU the backends seen so far used, from /proc/PID/stat
 // (utime and stime, in clock ticks of 10 ms); 0 where /proc does not show
