@@ -167,9 +167,11 @@ func newQueries(schema string, dbClock bool) queries {
 		// skipped, not waited for, so overlapping sweeps delete disjoint
 		// rows; sweepWait, the same without SKIP LOCKED, is the last pass:
 		// it waits for the rows others hold and deletes those they left
-		// (a row changed meanwhile is checked again once locked).
-		sweep:     r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`),
-		sweepWait: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE)`),
+		// (a row changed meanwhile is checked again once locked). Both
+		// commit asynchronously ({async}): a chunk lost to a crash of the
+		// server leaves rows the next Sweep deletes.
+		sweep:     r.Replace(`{async} DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) AND (SELECT true FROM async)`),
+		sweepWait: r.Replace(`{async} DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE) AND (SELECT true FROM async)`),
 
 		// lastChange: the finished rows' latest through their index on
 		// updated, the pending ones (few) by a scan of theirs.
