@@ -43,6 +43,14 @@ import (
 // Tx for how a handler writes its rows in the same transaction as the
 // stored answer.
 //
+// Event consumers: Once records a delivered event id and Advance an
+// entity's newest version in the consumer's own transaction (any pgx.Tx,
+// Tx's included), so that a redelivered event runs once and an older one
+// never overwrites a newer state; RequestAdvancer orders idemserver's
+// Webhook routes (idemserver.WithOrder) the same way. Their records expire
+// after a retention per scope (WithEventRetention) and are deleted by
+// Sweep with the inbound keys.
+//
 // Failures: every error from PostgreSQL (unreachable, restarted, a
 // terminated connection) matches idemstore.ErrJournalWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
@@ -64,10 +72,10 @@ import (
 // pool_max_conns. Close closes that pool (NewServerStore's caller still
 // closes its own).
 //
-// Schema: the table inbound_keys lives in the store's schema (see
-// WithSchema), next to the client Store's tables, and is created by the
-// same embedded, versioned migrations under the same advisory lock, so
-// replicas that start at once migrate once. A record whose answer was not
+// Schema: the tables inbound_keys, event_ids and entity_versions live in
+// the store's schema (see WithSchema), next to the client Store's tables,
+// and are created by the same embedded, versioned migrations under the
+// same advisory lock, so replicas that start at once migrate once. A record whose answer was not
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
@@ -79,11 +87,16 @@ type ServerStore struct {
 	ownPool  bool // OpenServerStore made the pool, so Close closes it
 	schema   string
 	q        serverQueries
+	eq       eventQueries
+	events   map[string]time.Duration // retention of Once's and Advance's records by scope
 	closed   atomic.Bool
 	// callerClock makes the store judge leases by the times its callers
 	// pass, as stores without a shared clock do; for tests that move time
 	// (see export_test.go), never for production.
 	callerClock bool
+	// eventClock, when set, is the time Once and Advance judge expiry by
+	// (see export_test.go), for tests; nil is the database's clock.
+	eventClock func() time.Time
 }
 
 var _ idemserver.TxStore = (*ServerStore)(nil)
@@ -131,7 +144,7 @@ func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*S
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: renewal pool: %w: %w", idemstore.ErrJournalWrite, err)
 	}
-	return &ServerStore{pool: pool, renewals: renewals, schema: c.schema, q: newServerQueries(c.schema)}, nil
+	return &ServerStore{pool: pool, renewals: renewals, schema: c.schema, q: newServerQueries(c.schema), eq: newEventQueries(c.schema), events: c.events}, nil
 }
 
 // renewalConns is the size of a ServerStore's renewal pool. A renewal is
@@ -402,36 +415,47 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 	return s.held(ctx, s.pool, "release", s.q.release, id, id, token)
 }
 
-// Sweep implements idemserver.Store. It deletes in statements of at most a
-// thousand rows; replicas may sweep at once, each deleting the rows the
-// others do not hold at that moment, and once a statement comes back
-// short, a last one waits for the rows others held and deletes what they
-// left: Sweep returns when no expired row is left, with the count of the
-// rows this call deleted.
+// Sweep implements idemserver.Store. It deletes the expired inbound keys,
+// then the expired records of Once and Advance, in statements of at most a
+// thousand rows each; replicas may sweep at once, each deleting the rows
+// the others do not hold at that moment. Once a statement of inbound keys
+// comes back short, a last one waits for the rows others held and deletes
+// what they left, so no expired key is left behind another Sweep. The
+// count is of every row this call deleted.
 func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
-	for {
-		if err := s.check(ctx); err != nil {
-			return total, err
-		}
-		tag, err := s.pool.Exec(ctx, s.q.sweep, s.callerNow(now))
-		if err != nil {
-			return total, s.fail(ctx, "sweep", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n == sweepChunk {
-			continue
-		}
-		if tag, err = s.pool.Exec(ctx, s.q.sweepWait, s.callerNow(now)); err != nil {
-			return total, s.fail(ctx, "sweep", err)
-		}
-		n = int(tag.RowsAffected())
-		total += n
-		if n == 0 {
-			return total, nil
+	for _, q := range [...]string{s.q.sweep, s.eq.sweepIDs, s.eq.sweepVersions} {
+		for {
+			if err := s.check(ctx); err != nil {
+				return total, err
+			}
+			arg := s.callerNow(now)
+			if q != s.q.sweep {
+				arg = s.eventNow()
+			}
+			tag, err := s.pool.Exec(ctx, q, arg)
+			if err != nil {
+				return total, s.fail(ctx, "sweep", err)
+			}
+			n := int(tag.RowsAffected())
+			total += n
+			if n == sweepChunk {
+				continue
+			}
+			if q != s.q.sweep {
+				break
+			}
+			if tag, err = s.pool.Exec(ctx, s.q.sweepWait, arg); err != nil {
+				return total, s.fail(ctx, "sweep", err)
+			}
+			n = int(tag.RowsAffected())
+			total += n
+			if n == 0 {
+				break
+			}
 		}
 	}
+	return total, nil
 }
 
 // Close implements idemserver.Store: it closes the pool if
