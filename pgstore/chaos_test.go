@@ -51,9 +51,9 @@ import (
 // faults, so that a paused replica's operations are taken over while it
 // sleeps and it wakes up to fenced marks and lost leases. Every call has a
 // deadline (-fleet.deadline); each replica reports the calls that
-// returned after theirs, and the test reports the largest overrun among
-// those that did not overlap a pause of their own process (a process
-// that is stopped returns nothing on time).
+// returned after theirs, and none that overlapped no pause of its own
+// process (a process that is stopped returns nothing on time) may return
+// later than its deadline plus the documented grace of 1 s.
 //
 // The default is small enough for CI. The long variant:
 //
@@ -387,12 +387,18 @@ func TestFleetChaos(t *testing.T) {
 	if cfg.pauses {
 		assert.Positive(t, res.pauses, "no replica was ever paused")
 	}
-	// The deadline's grace on the in-doubt path is not defined in this
-	// release yet: the overrun is measured and reported, not asserted.
+	// No call returns later than its deadline plus the in-doubt path's
+	// documented grace (README: the caller's deadline + 1 s), unless its
+	// own process was stopped meanwhile.
 	worst, n, paused := overruns(res.late, res.windows)
 	t.Logf("fleet chaos seed %d: calls with a %v deadline that returned late: %d not paused (worst overrun %v), %d that overlapped a pause of their replica",
 		seed, cfg.deadline, n, worst.Round(time.Millisecond), paused)
+	assert.LessOrEqual(t, worst, inDoubtGrace, "a call returned later than its deadline plus the documented grace")
 }
+
+// inDoubtGrace is the grace past its caller's deadline that idem documents
+// for the in-doubt path (README, "When a dependency is slow or stuck").
+const inDoubtGrace = time.Second
 
 // TestFleetChaosCatchesLocalJournals checks that the fleet test's checks
 // can fail: replicas that each keep their keys in a journal of their own

@@ -73,9 +73,9 @@ import (
 // closes its own).
 //
 // Schema: the tables inbound_keys, event_ids and entity_versions live in
-// the store's schema (see WithSchema), next to the client Store's tables, and is created by the
-// same embedded, versioned migrations under the same advisory lock, so
-// replicas that start at once migrate once. A record whose answer was not
+// the store's schema (see WithSchema), next to the client Store's tables,
+// and are created by the same embedded, versioned migrations under the
+// same advisory lock, so replicas that start at once migrate once. A record whose answer was not
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
@@ -417,46 +417,40 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 
 // Sweep implements idemserver.Store. It deletes the expired inbound keys,
 // then the expired records of Once and Advance, in statements of at most a
-// thousand rows; replicas may sweep at once, each deleting the rows the
-// others do not hold at that moment, and once a statement on the inbound
-// keys comes back short, a last one waits for the rows others held and
-// deletes what they left. The count is of every row this call deleted.
+// thousand rows each; replicas may sweep at once, each deleting the rows
+// the others do not hold at that moment. Once a statement of inbound keys
+// comes back short, a last one waits for the rows others held and deletes
+// what they left, so no expired key is left behind another Sweep. The
+// count is of every row this call deleted.
 func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
-	for {
-		if err := s.check(ctx); err != nil {
-			return total, err
-		}
-		tag, err := s.pool.Exec(ctx, s.q.sweep, s.callerNow(now))
-		if err != nil {
-			return total, s.fail(ctx, "sweep", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n == sweepChunk {
-			continue
-		}
-		if tag, err = s.pool.Exec(ctx, s.q.sweepWait, s.callerNow(now)); err != nil {
-			return total, s.fail(ctx, "sweep", err)
-		}
-		n = int(tag.RowsAffected())
-		total += n
-		if n == 0 {
-			break
-		}
-	}
-	for _, q := range [...]string{s.eq.sweepIDs, s.eq.sweepVersions} {
+	for _, q := range [...]string{s.q.sweep, s.eq.sweepIDs, s.eq.sweepVersions} {
 		for {
 			if err := s.check(ctx); err != nil {
 				return total, err
 			}
-			tag, err := s.pool.Exec(ctx, q, s.eventNow())
+			arg := s.callerNow(now)
+			if q != s.q.sweep {
+				arg = s.eventNow()
+			}
+			tag, err := s.pool.Exec(ctx, q, arg)
 			if err != nil {
 				return total, s.fail(ctx, "sweep", err)
 			}
 			n := int(tag.RowsAffected())
 			total += n
-			if n < sweepChunk {
+			if n == sweepChunk {
+				continue
+			}
+			if q != s.q.sweep {
+				break
+			}
+			if tag, err = s.pool.Exec(ctx, s.q.sweepWait, arg); err != nil {
+				return total, s.fail(ctx, "sweep", err)
+			}
+			n = int(tag.RowsAffected())
+			total += n
+			if n == 0 {
 				break
 			}
 		}
