@@ -128,10 +128,8 @@ const DefaultSchema = "idem"
 type Option func(*config)
 
 type config struct {
-	schema      string
-	log         *slog.Logger
-	callerTimes bool          // leases judged by the caller's times (tests)
-	skew        time.Duration // added to the caller's times (tests)
+	schema string
+	log    *slog.Logger
 }
 
 // WithLogger sets the logger of what the store deals with on its own: a
@@ -159,7 +157,6 @@ type Store struct {
 	// migrations/0003), and reserveIDs numbers its reservations.
 	incarnation string
 	reserveIDs  atomic.Int64
-	skew        time.Duration
 	newer       atomic.Int64 // newer-format pending rows last reported
 	log         *slog.Logger
 	marks       *markWriter
@@ -209,9 +206,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	q := newQueries(c.schema, !c.callerTimes)
+	q := newQueries(c.schema)
 	base, cancel := context.WithCancel(context.Background())
-	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(), skew: c.skew,
+	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
 		marks: newMarkWriter(pool, base, c.log, q.present)}
 	s.reserver = newReserver(s)
 	return s, nil
