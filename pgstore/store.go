@@ -134,7 +134,9 @@ type config struct {
 
 // WithLogger sets the logger of what the store deals with on its own: a
 // mark PostgreSQL refused, repaired or dropped. Nil, the default, logs
-// nothing.
+// nothing. It applies to a Store only: a ServerStore has nothing to log
+// on its own (every failure is returned to the middleware, which reports
+// it), and ignores it.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.log = l }
 }
@@ -173,13 +175,9 @@ type Store struct {
 // string, as pgxpool.ParseConfig takes), creates or migrates the store's
 // schema, and returns the Store. Close closes the connection pool.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, err := connect(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+		return nil, err
 	}
 	s, err := New(ctx, pool, opts...)
 	if err != nil {
@@ -193,12 +191,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 // New returns a Store on an existing pool, after creating or migrating its
 // schema. Close leaves the pool open: it belongs to the caller.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
-	c := config{schema: DefaultSchema}
-	for _, o := range opts {
-		o(&c)
-	}
-	if c.schema == "" {
-		return nil, errors.New("pgstore: empty schema name")
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
@@ -212,6 +207,33 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 		marks: newMarkWriter(pool, base, c.log, q.present)}
 	s.reserver = newReserver(s)
 	return s, nil
+}
+
+// connect makes the pool of Open and OpenServerStore: dsn is a
+// PostgreSQL URL or key=value string, as pgxpool.ParseConfig takes; an
+// unreachable database gives an error matching idemstore.ErrJournalWrite.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+	}
+	return pool, nil
+}
+
+// configure applies the options of New and NewServerStore.
+func configure(opts []Option) (config, error) {
+	c := config{schema: DefaultSchema}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.schema == "" {
+		return config{}, errors.New("pgstore: empty schema name")
+	}
+	return c, nil
 }
 
 // closeTimeout bounds Close.
