@@ -35,6 +35,15 @@ type clockedStore struct {
 // ends.
 func openClocked(t *testing.T, schema string) *clockedStore {
 	t.Helper()
+	return openClockedVia(t, schema, false)
+}
+
+// openClockedVia is openClocked, through a PgBouncer of its own in
+// transaction pooling mode (default_query_exec_mode=exec) when bouncer is
+// set: PgBouncer does not pass search_path on, so its server connections
+// set it when it opens them (connect_query).
+func openClockedVia(t *testing.T, schema string, bouncer bool) *clockedStore {
+	t.Helper()
 	ctx := testContext(t)
 	dsn := pgtest.DSN(t)
 	s := pgx.Identifier{schema}.Sanitize()
@@ -48,11 +57,18 @@ func openClocked(t *testing.T, schema string) *clockedStore {
 			LANGUAGE sql STABLE AS 'SELECT t FROM `+clock+`'`)
 	conn.Close(ctx)
 	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	require.NoError(t, err)
 	// pg_catalog named after the schema: the schema's clock_timestamp
 	// comes first (unnamed, pg_catalog would be searched first).
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema + ",pg_catalog"
+	path := s + ", pg_catalog"
+	connect := dsn
+	if bouncer {
+		connect = withParam(pgtest.BouncerConnectQuery(t, dsn, "SET search_path = "+path), "default_query_exec_mode=exec")
+	}
+	cfg, err := pgxpool.ParseConfig(connect)
+	require.NoError(t, err)
+	if !bouncer {
+		cfg.ConnConfig.RuntimeParams["search_path"] = path
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

@@ -42,21 +42,14 @@ func TestPgBouncerOpenNamesCause(t *testing.T) {
 
 // TestPgBouncerConformance runs the KeyStore contract suite through a real
 // PgBouncer in transaction pooling mode, with the DSN setting the package
-// documents for it.
+// documents for it, each store on a clockedStore (as TestConformance) with
+// a PgBouncer of its own.
 func TestPgBouncerConformance(t *testing.T) {
 	dsn := pgtest.DSN(t)
-	bouncer := withParam(pgtest.Bouncer(t, dsn), "default_query_exec_mode=exec")
 	storetest.Run(t, storetest.Config{
-		Open: func(t *testing.T) idem.KeyStore {
-			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(pgtest.Schema(t, dsn)), pgstore.WithCallerLeaseTimes())
-			require.NoError(t, err)
-			t.Cleanup(func() { s.Close() })
-			return s
-		},
+		Open: func(t *testing.T) idem.KeyStore { return openClockedVia(t, pgtest.Schema(t, dsn), true) },
 		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
-			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(closed.(*pgstore.Store).Schema()), pgstore.WithCallerLeaseTimes())
-			require.NoError(t, err)
-			return s
+			return openClockedVia(t, closed.(*clockedStore).Schema(), true)
 		},
 	})
 }

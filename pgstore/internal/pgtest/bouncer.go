@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +23,15 @@ import (
 // /usr/sbin/pgbouncer; .ci/run installs it) it skips t with a one-line
 // reason, or fails t when CI=true.
 func Bouncer(t testing.TB, dsn string) string {
+	t.Helper()
+	return BouncerConnectQuery(t, dsn, "")
+}
+
+// BouncerConnectQuery is Bouncer whose server connections each run query
+// (PgBouncer's connect_query) when the pooler opens them, such as a SET
+// of search_path, a startup parameter PgBouncer does not pass on; "" runs
+// none.
+func BouncerConnectQuery(t testing.TB, dsn, query string) string {
 	t.Helper()
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
@@ -57,8 +67,12 @@ func Bouncer(t testing.TB, dsn string) string {
 		t.Fatal(err)
 	}
 	listen := freePort(t)
+	connect := ""
+	if query != "" {
+		connect = " connect_query='" + strings.ReplaceAll(query, "'", "''") + "'"
+	}
 	conf := fmt.Sprintf(`[databases]
-* = host=%s port=%s
+* = host=%s port=%s%s
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -71,7 +85,7 @@ max_client_conn = 500
 default_pool_size = 20
 ignore_startup_parameters = extra_float_digits
 server_reset_query =
-`, host, port, listen, filepath.Join(dir, "userlist.txt"))
+`, host, port, connect, listen, filepath.Join(dir, "userlist.txt"))
 	files := map[string]string{
 		"pgbouncer.ini": conf,
 		"userlist.txt":  strconv.Quote(user) + " " + strconv.Quote(password) + "\n",
