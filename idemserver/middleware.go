@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,13 @@ import (
 //     Retry-After;
 //   - a key with a stored response gets that status, the replay headers
 //     and body again, with "Idempotent-Replayed: true";
+//
+// What is stored is what went on the wire, by net/http's rules: the
+// header as it stood when the status was written (a handler's later
+// changes reach neither the client nor the store), the trailers sent
+// after the body (replayed as trailers), the final status. Informational
+// answers (103 Early Hints) go out at once and are not replayed; 101
+// Switching Protocols is final, and leaves a "done, not kept" record.
 //   - a key used before with another payload gets 422 Unprocessable
 //     Content.
 //
@@ -49,8 +57,9 @@ import (
 //     instead and the key stays locked until its lease lapses (or, when
 //     the request's transaction rolled back for certain, ErrRolledBack,
 //     is released at once: nothing of the handler's remains).
-//   - A response over WithMaxResponseBytes, a hijacked connection, a
-//     stream that failed or panicked after its first flush: the handler
+//   - A response over WithMaxResponseBytes, a hijacked connection, a 101
+//     Switching Protocols, a stream that failed or panicked after its
+//     first flush: the handler
 //     ran and the client saw (part of) its answer, so the key keeps a
 //     "done, not kept" record and a retry gets 409 ProblemNotKept, never
 //     a second run.
@@ -339,12 +348,14 @@ func hexSum(b []byte) string {
 	return string(out[:])
 }
 
-// pick returns the headers of h named in names.
+// pick returns the headers of h named in names. The values are h's own
+// slices, not copies: h is the recorder's copy of the header as it was
+// sent, and stores copy what they keep.
 func pick(h http.Header, names []string) http.Header {
 	out := make(http.Header, len(names))
 	for _, k := range names {
 		if v := h.Values(k); len(v) > 0 {
-			out[k] = append([]string(nil), v...)
+			out[k] = slices.Clip(v)
 		}
 	}
 	return out

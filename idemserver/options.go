@@ -137,7 +137,8 @@ func WithFingerprintHeaders(names ...string) Option {
 // (Set-Cookie, WWW-Authenticate, Authentication-Info, Clear-Site-Data and
 // the like) are refused: they are left out, and New logs an error naming
 // them. WithPrincipalReplayHeaders adds them for an application that means
-// it.
+// it. Trailers the handler declared and sent are stored and replayed as
+// trailers whatever the list holds, except those that belong to a session.
 func WithReplayHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replay, c.refused = nil, nil

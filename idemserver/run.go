@@ -117,7 +117,9 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	status := rec.status
 	switch {
 	case rec.hijacked:
-		return &Response{NotKept: true}, "connection hijacked"
+		return &Response{Status: status, NotKept: true}, "connection hijacked"
+	case status == http.StatusSwitchingProtocols:
+		return &Response{Status: status, NotKept: true}, "switched protocols"
 	case status >= 500:
 		return nil, "server error"
 	case status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
@@ -131,7 +133,7 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	case rec.failed:
 		return &Response{Status: status, NotKept: true}, "stream failed after its first flush"
 	}
-	return &Response{Status: status, Header: rec.sent, Body: rec.body.Bytes()}, ""
+	return &Response{Status: status, Header: rec.stored(), Body: rec.body.Bytes()}, ""
 }
 
 // storeContext returns a context for a store call made on behalf of r that

@@ -143,14 +143,19 @@ type Claim struct {
 type Response struct {
 	// Status is the HTTP status code.
 	Status int
-	// Header holds the replayed headers only (see WithReplayHeaders).
+	// Header holds the replayed headers only (see WithReplayHeaders), as
+	// they stood when the status was written, and the trailers sent after
+	// the body under their http.TrailerPrefix names ("Trailer:X-Checksum"),
+	// with the Trailer header that declared them: a replay sets them as
+	// net/http's ResponseWriter takes trailers, so they go out as
+	// trailers again.
 	Header http.Header
 	// Body is the whole response body.
 	Body []byte
 	// NotKept marks the record of a request whose handler ran and whose
 	// answer went to the client but could not be kept: a body over
-	// WithMaxResponseBytes, a hijacked connection, a stream cut off after
-	// its first flush. Status is the status sent (0 if unknown); Header
+	// WithMaxResponseBytes, a hijacked connection, a 101 Switching
+	// Protocols, a stream cut off after its first flush. Status is the status sent (0 if unknown); Header
 	// and Body are empty. A retry is answered with a ProblemNotKept
 	// document, never by running the handler again.
 	NotKept bool
