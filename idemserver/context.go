@@ -64,15 +64,21 @@ func Step(ctx context.Context, step string) context.Context {
 }
 
 // JSONEventID returns an EventID that reads the string member field of the
-// JSON object in the body, such as Stripe's event "id".
+// JSON object in the body, such as Stripe's event "id". A body without the
+// member, or with null, has no id; a body that is not a JSON object, or a
+// member that is not a string, is an error.
 func JSONEventID(field string) EventID {
 	return func(_ *http.Request, body []byte) (string, error) {
 		var doc map[string]json.RawMessage
 		if err := json.Unmarshal(body, &doc); err != nil {
 			return "", fmt.Errorf("idemserver: webhook body: %w", err)
 		}
+		raw, ok := doc[field]
+		if !ok {
+			return "", nil
+		}
 		var id string
-		if err := json.Unmarshal(doc[field], &id); err != nil {
+		if err := json.Unmarshal(raw, &id); err != nil {
 			return "", fmt.Errorf("idemserver: webhook event id %q: %w", field, err)
 		}
 		return id, nil

@@ -145,8 +145,9 @@ func (m *Middleware) Optional(h http.Handler) http.Handler {
 }
 
 // EventID returns the event id of an inbound webhook, given the request
-// and its whole body; "" or an error means the request has none and is
-// answered 400.
+// and its whole body. "" means the delivery has none, and is answered 400
+// ProblemMissingKey; an error, or an id ParseKey refuses, means it is
+// malformed, and is answered 400 ProblemInvalidKey.
 type EventID func(r *http.Request, body []byte) (string, error)
 
 // HeaderEventID returns an EventID that reads the header name.
@@ -245,15 +246,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.rt.webhook != nil {
 		method = "webhook" // a delivery may come as POST or PUT; the id is what counts
 		id, err := h.rt.webhook(r, body)
+		if err == nil && id == "" {
+			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing",
+				"The delivery carries no event id.", 0)
+			return
+		}
 		if err == nil {
 			key, err = ParseKey(id)
 		}
-		if err != nil || key == "" {
-			detail := "The delivery carries no event id."
-			if err != nil {
-				detail = "The delivery's event id is invalid: " + err.Error()
-			}
-			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, ProblemInvalidKey, "Webhook event id is invalid",
+				"The delivery's event id is invalid: "+err.Error(), 0)
 			return
 		}
 		br.Reset(body) // for the handler, whatever id read

@@ -105,6 +105,10 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 		return
 	}
 	if err := u.complete(r, resp, why); err != nil {
+		if errors.Is(err, ErrTxAborted) {
+			u.abortedTx(rec, resp.Status)
+			return
+		}
 		u.fail(rec, "The request was handled, but its answer could not be stored; it is withheld.")
 		return
 	}
@@ -160,7 +164,12 @@ func (u *run) complete(r *http.Request, resp *Response, why string) error {
 		err = m.store.Complete(ctx, c)
 	}
 	if err != nil {
-		m.cfg.logger.Error("idemserver: response not stored", "id", u.id, "err", err)
+		if errors.Is(err, ErrTxAborted) {
+			m.cfg.logger.Error("idemserver: the handler answered success, but a statement of its transaction failed; nothing committed, answer withheld",
+				"id", u.id, "status", resp.Status, "err", err)
+		} else {
+			m.cfg.logger.Error("idemserver: response not stored", "id", u.id, "err", err)
+		}
 		if errors.Is(err, ErrRolledBack) {
 			u.release("request transaction rolled back")
 		}
@@ -178,11 +187,20 @@ func (u *run) fail(rec *recorder, detail string) {
 	if rec.through {
 		panic(http.ErrAbortHandler) // the client must not take a cut stream for a whole answer
 	}
-	h := rec.w.Header()
-	for k := range h {
-		delete(h, k)
-	}
+	clear(rec.w.Header())
 	writeProblem(rec.w, http.StatusServiceUnavailable, ProblemNotStored, "Response not stored", detail, u.m.cfg.retryAfter)
+}
+
+// abortedTx answers 500 ProblemTxAborted for a handler that answered
+// status over a transaction a failed statement had aborted, or aborts the
+// connection if the answer already began.
+func (u *run) abortedTx(rec *recorder, status int) {
+	if rec.through {
+		panic(http.ErrAbortHandler)
+	}
+	clear(rec.w.Header())
+	writeProblem(rec.w, http.StatusInternalServerError, ProblemTxAborted, "Request transaction aborted",
+		"The handler answered "+strconv.Itoa(status)+", but a statement in its transaction had failed, so nothing of it was committed; the answer is withheld.", 0)
 }
 
 // rollback discards the request's transaction, if there is one.

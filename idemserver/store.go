@@ -183,4 +183,13 @@ var (
 	// constraint, a serialization failure) or the transaction failed
 	// earlier. The handler's writes and the answer are both gone.
 	ErrRolledBack = errors.New("idemserver: request transaction rolled back")
+	// ErrTxAborted is returned by RequestTx.Commit, with ErrRolledBack,
+	// when a statement of the handler failed, aborting the request's
+	// transaction, and the handler answered with a status below 400
+	// anyway: its writes cannot commit, so the answer would claim work
+	// that was not done. The middleware answers 500 ProblemTxAborted and
+	// releases the key. (A 4xx answer over an aborted transaction is the
+	// common "catch the unique violation, answer 409" and is stored: see
+	// pgstore.Tx.)
+	ErrTxAborted = errors.New("idemserver: the handler answered success over an aborted transaction")
 )

@@ -313,3 +313,40 @@ func without(lines []string, names ...string) []string {
 	}
 	return a.Header
 }
+
+// TestWebhookWithoutEventID: a delivery without an event id is told its
+// id is missing; one with a malformed id is told it is invalid.
+func TestWebhookWithoutEventID(t *testing.T) {
+	mw := idemserver.New(idemserver.NewMemoryStore())
+	defer mw.Close()
+	tests := []struct {
+		name, header, body string
+		id                 idemserver.EventID
+		typ, detail        string
+	}{
+		{"no header", "", `{}`, nil, idemserver.ProblemMissingKey, "missing"},
+		{"empty JSON id", "", `{"id":""}`, idemserver.JSONEventID("id"), idemserver.ProblemMissingKey, "missing"},
+		{"no JSON id", "", `{"type":"x"}`, idemserver.JSONEventID("id"), idemserver.ProblemMissingKey, "missing"},
+		{"bad header", "a b", `{}`, nil, idemserver.ProblemInvalidKey, "invalid"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			runs := 0
+			h := mw.Webhook(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs++ }), tt.id)
+			r := httptest.NewRequest(http.MethodPost, "/hooks", strings.NewReader(tt.body))
+			if tt.header != "" {
+				r.Header.Set(idemserver.StandardWebhookIDHeader, tt.header)
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			assert.Equal(t, http.StatusBadRequest, w.Code)
+			p := decodeProblem(t, w)
+			assert.Equal(t, tt.typ, p.Type)
+			assert.Contains(t, strings.ToLower(p.Title+" "+p.Detail), tt.detail)
+			if tt.detail == "missing" {
+				assert.NotContains(t, strings.ToLower(p.Title+" "+p.Detail), "invalid")
+			}
+			assert.Zero(t, runs)
+		})
+	}
+}
