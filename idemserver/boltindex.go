@@ -251,6 +251,7 @@ func (s *BoltStore) load() error {
 	if err != nil {
 		return err
 	}
+	defer s.f.Unmap() // the pages read, and their neighbours, leave the process's RSS
 	return s.f.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketIndex)
 		if b == nil {
