@@ -90,6 +90,7 @@ type Middleware struct {
 	store Store
 	cfg   config
 	now   func() time.Time // time.Now; tests of a crash replace it
+	cache *answerCache     // nil without WithAnswerCache
 
 	lastSweep atomic.Int64 // unix nanoseconds of the last sweep
 	sweeping  atomic.Bool
@@ -104,6 +105,7 @@ type Middleware struct {
 // New returns a Middleware that keeps its keys in store.
 func New(store Store, opts ...Option) *Middleware {
 	m := &Middleware{store: store, cfg: newConfig(opts), now: time.Now}
+	m.cache = newAnswerCache(m.cfg.cacheBytes)
 	m.stop, m.cancel = context.WithCancel(context.Background())
 	m.lastSweep.Store(m.now().UnixNano())
 	if len(m.cfg.refused) > 0 {
@@ -261,6 +263,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		br.Reset(body) // for the handler, whatever id read
 		r.Body = br
+	} else if m.cfg.fingerprint != nil {
+		fb, err := m.cfg.fingerprint(r, body)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request",
+				"The request body cannot be fingerprinted: "+err.Error(), 0)
+			return
+		}
+		b := make([]byte, 0, prefix+8+len(fb))
+		b = binary.BigEndian.AppendUint64(append(b, buf[:prefix]...), uint64(len(fb)))
+		fp = hexSum(append(b, fb...))
 	} else {
 		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
 		fp = hexSum(buf)

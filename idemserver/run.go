@@ -13,11 +13,18 @@ import (
 // serve claims id and answers from the store or runs the route's handler.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, id, key, fp string) {
 	log := m.cfg.logger
-	claimed := time.Now() // the lease's local base, for fencing: before the claim is sent
-	now := m.now()
-	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.timeout)
-	claim, err := m.store.Begin(ctx, Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
-	cancel()
+	if resp, match, ok := m.cache.get(id, fp, m.now()); ok {
+		if !match {
+			m.mismatch(w)
+			return
+		}
+		m.replay(w, r, resp)
+		return
+	}
+	claim, claimed, err := m.begin(r.Context(), id, fp)
+	if err == nil && claim.State == StateInFlight && m.cfg.wait > 0 {
+		claim, claimed, err = m.await(r.Context(), id, fp, claim, claimed)
+	}
 	if err != nil {
 		log.Error("idemserver: store unavailable; request refused", "id", id, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
@@ -26,15 +33,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 	}
 	switch claim.State {
 	case StateDone:
-		replay(w, claim.Response)
+		m.replay(w, r, claim.Response)
 		return
 	case StateInFlight:
 		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"A request with the same "+m.cfg.header+" is being processed; retry later.", m.cfg.retryAfter)
 		return
 	case StateMismatch:
-		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
-			"This key was used with a different payload; a key must not be reused across payloads.", 0)
+		m.mismatch(w)
 		return
 	case StateAcquired:
 	default:
@@ -43,9 +49,71 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 			"The idempotency store answered in a way the middleware does not know; the request was not handled.", m.cfg.retryAfter)
 		return
 	}
-	u := &run{m: m, id: id, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed}
+	u := &run{m: m, id: id, fp: fp, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed}
 	u.do(w, r, h.h, keyInfo{id: id, key: key, fp: fp})
 	m.maybeSweep()
+}
+
+// mismatch answers 422 for a key used with another payload.
+func (m *Middleware) mismatch(w http.ResponseWriter) {
+	writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
+		"This key was used with a different payload; a key must not be reused across payloads.", 0)
+}
+
+// begin claims id in the store, bounded by the store timeout, and returns
+// the local time taken before the claim was sent: the lease's base, for
+// fencing.
+func (m *Middleware) begin(ctx context.Context, id, fp string) (Claim, time.Time, error) {
+	claimed := time.Now()
+	now := m.now()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
+	defer cancel()
+	c, err := m.store.Begin(ctx, Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
+	return c, claimed, err
+}
+
+// await claims id again at growing intervals while another request holds
+// it, for at most WithWait's duration and ctx's life; it returns the last
+// claim, in flight still if the wait ran out.
+func (m *Middleware) await(ctx context.Context, id, fp string, c Claim, claimed time.Time) (Claim, time.Time, error) {
+	const first = 10 * time.Millisecond
+	limit := min(max(m.cfg.wait/4, first), time.Second)
+	deadline := time.NewTimer(m.cfg.wait)
+	defer deadline.Stop()
+	for delay := first; c.State == StateInFlight; delay = min(2*delay, limit) {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return c, claimed, nil
+		case <-deadline.C:
+			t.Stop()
+			return c, claimed, nil
+		case <-t.C:
+		}
+		var err error
+		if c, claimed, err = m.begin(ctx, id, fp); err != nil {
+			return c, claimed, err
+		}
+	}
+	return c, claimed, nil
+}
+
+// replay answers r with the stored resp, after the WithOnReplay functions,
+// and marks r's context for IsReplay.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, resp *Response) {
+	if mark, ok := r.Context().Value(replayContext{}).(*replayMark); ok {
+		mark.replayed.Store(true)
+	}
+	if len(m.cfg.onReplay) > 0 {
+		ctx := TrackReplay(r.Context())
+		ctx.Value(replayContext{}).(*replayMark).replayed.Store(true)
+		r = r.WithContext(ctx)
+		for _, fn := range m.cfg.onReplay {
+			fn(w, r, resp)
+		}
+	}
+	writeReplay(w, resp)
 }
 
 // run is one request that holds a key: it owns the lease, the renewer, the
@@ -54,6 +122,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 type run struct {
 	m         *Middleware
 	id, token string
+	fp        string // the payload's fingerprint, for the answer cache
 	webhook   bool
 	claimed   time.Time // local time before the claim was sent
 	tx        RequestTx // nil unless the store is a TxStore
@@ -178,6 +247,7 @@ func (u *run) complete(r *http.Request, resp *Response, why string) error {
 	if resp.NotKept {
 		m.cfg.logger.Warn("idemserver: request done, its response not kept", "id", u.id, "status", resp.Status, "reason", why)
 	}
+	m.cache.put(u.id, u.fp, resp, c.Until)
 	return nil
 }
 
@@ -317,6 +387,7 @@ func (r *renewer) stop() {
 func (m *Middleware) Sweep(ctx context.Context) (int, error) {
 	now := m.now()
 	m.lastSweep.Store(now.UnixNano())
+	m.cache.sweep(now)
 	return m.store.Sweep(ctx, now)
 }
 
@@ -349,9 +420,9 @@ func (m *Middleware) maybeSweep() {
 	}()
 }
 
-// replay sends a stored response, or for a record whose response was not
-// kept, a ProblemNotKept document.
-func replay(w http.ResponseWriter, resp *Response) {
+// writeReplay sends a stored response, or for a record whose response was
+// not kept, a ProblemNotKept document.
+func writeReplay(w http.ResponseWriter, resp *Response) {
 	if resp.NotKept {
 		detail := "A request with this key was handled and answered, but its answer could not be kept; it is not run again."
 		if resp.Status != 0 {
