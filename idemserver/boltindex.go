@@ -9,7 +9,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 )
 
@@ -255,14 +255,14 @@ func (s *BoltStore) load() error {
 	return s.f.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketIndex)
 		if b == nil {
-			return fmt.Errorf("%w: the index bucket is missing", idem.ErrJournalCorrupt)
+			return fmt.Errorf("%w: the index bucket is missing", idemstore.ErrJournalCorrupt)
 		}
 		x := keyIndex{m: make(map[uint64]uint64, b.Stats().KeyN)}
 		c := b.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			n, w := binary.Uvarint(v)
 			if len(k) != 16 || w <= 0 || n == 0 {
-				return fmt.Errorf("%w: an index entry of %d bytes, count %q", idem.ErrJournalCorrupt, len(k), v)
+				return fmt.Errorf("%w: an index entry of %d bytes, count %q", idemstore.ErrJournalCorrupt, len(k), v)
 			}
 			exp, h := binary.BigEndian.Uint64(k), binary.BigEndian.Uint64(k[8:])
 			for range n {
@@ -296,7 +296,7 @@ func migrateV3(tx *bolt.Tx) error {
 	c := tx.Bucket(bucketRecords).Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
 		if len(k) < 8 {
-			return fmt.Errorf("%w: a record key of %d bytes", idem.ErrJournalCorrupt, len(k))
+			return fmt.Errorf("%w: a record key of %d bytes", idemstore.ErrJournalCorrupt, len(k))
 		}
 		if err := indexAdd(idx, binary.BigEndian.Uint64(k), idHash(string(k[8:]))); err != nil {
 			return err
