@@ -49,7 +49,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 			"The idempotency store answered in a way the middleware does not know; the request was not handled.", m.cfg.retryAfter)
 		return
 	}
-	u := &run{m: m, id: id, fp: fp, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed}
+	local, _ := m.store.(LocalStore)
+	u := &run{m: m, id: id, fp: fp, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed, local: local}
 	u.do(w, r, h.h, keyInfo{id: id, key: key, fp: fp})
 	m.maybeSweep()
 }
@@ -60,7 +61,8 @@ func (m *Middleware) mismatch(w http.ResponseWriter) {
 		"This key was used with a different payload; a key must not be reused across payloads.", 0)
 }
 
-// begin claims id in the store, bounded by the store timeout, and returns
+// begin claims id in the store (held, if it is a LocalStore), bounded by
+// the store timeout, and returns
 // the local time taken before the claim was sent: the lease's base, for
 // fencing.
 func (m *Middleware) begin(ctx context.Context, id, fp string) (Claim, time.Time, error) {
@@ -68,7 +70,12 @@ func (m *Middleware) begin(ctx context.Context, id, fp string) (Claim, time.Time
 	now := m.now()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
 	defer cancel()
-	c, err := m.store.Begin(ctx, Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
+	b := Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)}
+	if local, ok := m.store.(LocalStore); ok {
+		c, err := local.BeginHeld(ctx, b)
+		return c, claimed, err
+	}
+	c, err := m.store.Begin(ctx, b)
 	return c, claimed, err
 }
 
@@ -124,15 +131,21 @@ type run struct {
 	id, token string
 	fp        string // the payload's fingerprint, for the answer cache
 	webhook   bool
-	claimed   time.Time // local time before the claim was sent
-	tx        RequestTx // nil unless the store is a TxStore
-	done      bool      // the key was completed, released or given up
-	rec       recorder  // the handler's writer: in the run, one allocation for both
+	claimed   time.Time  // local time before the claim was sent
+	local     LocalStore // the store, if it holds the key while the run lives
+	tx        RequestTx  // nil unless the store is a TxStore
+	done      bool       // the key was completed, released or given up
+	rec       recorder   // the handler's writer: in the run, one allocation for both
 	ren       renewer
 }
 
 func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki keyInfo) {
 	m := u.m
+	if u.local != nil {
+		// Last, however the run ends: a key neither completed nor
+		// released is freed by its lease from now on.
+		defer u.local.Unhold(u.id, u.token)
+	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	ctx = context.WithValue(ctx, keyContext{}, ki)
@@ -305,7 +318,9 @@ const fenceMargin = 4
 // renew renews the lease every third of it until the returned func is
 // called; that func waits for the renewer to stop. A lost lock, or
 // renewals that failed for longer than the lease minus a margin, cancel
-// the handler's context with a cause matching ErrLockLost.
+// the handler's context with a cause matching ErrLockLost. A LocalStore
+// holds the key while the run lives, so no fence is armed for it: the
+// renewals only keep the lease current for after the run.
 func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
 	m := u.m
 	lease := m.cfg.lease
@@ -313,7 +328,9 @@ func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop f
 	r := &u.ren
 	r.u, r.ctx, r.cancel, r.lease, r.hold = u, ctx, cancel, lease, hold
 	r.mu.Lock()
-	r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
+	if u.local == nil {
+		r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
+	}
 	r.t = time.AfterFunc(lease/3, r.tick)
 	r.mu.Unlock()
 	return r.stop
@@ -354,9 +371,14 @@ func (r *renewer) tick() {
 	rcancel()
 	switch {
 	case err == nil:
-		if r.ctx.Err() == nil {
+		// Under mu, as stop stops the fence: a renewal that returns
+		// after the request ended must not re-arm it, which would keep
+		// the run alive for most of a lease.
+		r.mu.Lock()
+		if fence != nil && !r.stopped && r.ctx.Err() == nil {
 			fence.Reset(r.hold - time.Since(sent))
 		}
+		r.mu.Unlock()
 	case errors.Is(err, ErrLockLost):
 		m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", r.u.id, "err", err)
 		r.cancel(err)
@@ -375,7 +397,9 @@ func (r *renewer) stop() {
 	r.mu.Lock()
 	if !r.stopped {
 		r.stopped = true
-		r.fence.Stop()
+		if r.fence != nil {
+			r.fence.Stop()
+		}
 		r.t.Stop()
 	}
 	r.mu.Unlock()

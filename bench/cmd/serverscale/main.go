@@ -45,6 +45,7 @@ func main() {
 	path := flag.String("path", "", "the store file")
 	keys := flag.Int("keys", 1_000_000, "stored keys")
 	cold := flag.Bool("cold", false, "drop the page cache before Open (root only)")
+	reopen := flag.Int("reopen", 0, "measure: open and close the store this many times first, timing each")
 	flag.Parse()
 	if *path == "" || flag.NArg() != 1 {
 		log.Fatal("usage: serverscale -path FILE [-keys N] [-cold] build|measure")
@@ -53,6 +54,18 @@ func main() {
 	case "build":
 		build(*path, *keys)
 	case "measure":
+		for i := range *reopen {
+			start := time.Now()
+			s, err := idemserver.OpenBoltStore(*path, nil)
+			if err != nil {
+				log.Fatal(err)
+			}
+			open := time.Since(start)
+			if err := s.Close(); err != nil {
+				log.Fatal(err)
+			}
+			fmt.Printf("reopen %d: %v\n", i+1, open.Round(time.Millisecond))
+		}
 		measure(*path, *keys, *cold)
 	default:
 		log.Fatalf("unknown command %q", flag.Arg(0))
