@@ -62,9 +62,8 @@ func (m *Middleware) mismatch(w http.ResponseWriter) {
 }
 
 // begin claims id in the store (held, if it is a LocalStore), bounded by
-// the store timeout, and returns
-// the local time taken before the claim was sent: the lease's base, for
-// fencing.
+// the store timeout, and returns the local time taken before the claim
+// was sent: the lease's base, for fencing.
 func (m *Middleware) begin(ctx context.Context, id, fp string) (Claim, time.Time, error) {
 	claimed := time.Now()
 	now := m.now()
