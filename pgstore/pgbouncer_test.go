@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/idemtest"
 	"github.com/idemgo/idem/pgstore"
 	"github.com/idemgo/idem/pgstore/internal/pgtest"
 	"github.com/idemgo/idem/storetest"
@@ -52,6 +54,34 @@ func TestPgBouncerConformance(t *testing.T) {
 			return openClockedVia(t, closed.(*clockedStore).Schema(), true)
 		},
 	})
+}
+
+// TestPgBouncerClient pays orders through a Client on a Store behind a real
+// PgBouncer in transaction pooling mode, with the DSN setting the package
+// documents for it: every order is charged once, a second call of a name
+// is replayed, and Close writes every mark.
+func TestPgBouncerClient(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	bouncer := withParam(pgtest.Bouncer(t, dsn), "default_query_exec_mode=exec")
+	ctx := testContext(t)
+	s, err := pgstore.Open(ctx, bouncer, pgstore.WithSchema(pgtest.Schema(t, dsn)))
+	require.NoError(t, err)
+	srv := idemtest.NewServer(http.HandlerFunc(charges))
+	defer srv.Close()
+	c := idem.New(s, quickRetries)
+	for i := range 20 {
+		status, err := pay(ctx, c.HTTPClient(), srv.URL, fmt.Sprintf("order-%d", i%10))
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusCreated, status)
+	}
+	pending, err := s.Pending(ctx, "", 0)
+	require.NoError(t, err)
+	assert.Empty(t, names(pending), "operations left pending")
+	rec, err := s.Get(ctx, keyOf(t, s, "pay:order-3"))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+	assert.Equal(t, 10, srv.Stats().Runs, "charges: one per order")
+	require.NoError(t, c.Close())
 }
 
 // TestPgBouncerServerStore runs idempotent handlers through a real

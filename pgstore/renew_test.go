@@ -31,7 +31,7 @@ func TestRenewalsNotStarvedByRequestTransactions(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	schema := pgtest.Schema(t, dsn)
 	s := openServerStore(t, withParam(dsn, "pool_max_conns=2"), schema)
-	const lease = time.Second
+	const lease = 2 * time.Second
 	var held sync.WaitGroup
 	held.Add(2)
 	h := idemserver.New(s, idemserver.WithLease(lease), idemserver.WithSweepInterval(-1)).Required(
