@@ -1,0 +1,163 @@
+package idem_test
+
+// The journal's error contract when the disk fails under it: strace makes
+// the Nth fdatasync (or pwrite64) of a real child process return EIO or
+// ENOSPC while the child makes keyed POSTs against its loopback server.
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/crashstate"
+)
+
+// injectedRun records the workload w with inject and checks the error
+// contract and every crash state of the run. It returns whether the
+// injection fired.
+func injectedRun(t *testing.T, c *clientChecker, w string, inject string) bool {
+	t.Helper()
+	root, ops, lines := recordClient(t, []string{w}, inject)
+	wl := splitWorkloads(root, ops)
+	if len(wl) != 1 {
+		t.Fatalf("%s: %d workloads recorded", inject, len(wl))
+	}
+	fired := false
+	failedAt := -1
+	sentBefore := map[string]bool{}
+	for _, op := range wl[0].ops {
+		if op.Injected && failedAt < 0 {
+			fired, failedAt = true, op.Seq
+		}
+		if op.Kind == crashstate.Mark && strings.Contains(string(op.Data), " step ") && strings.HasSuffix(strings.TrimSpace(string(op.Data)), " C") {
+			failedAt = -1 // reopened: the journal may be used again
+		}
+		if op.Kind != crashstate.Send {
+			continue
+		}
+		r, ok := parseSend(op.Data)
+		if !ok {
+			continue
+		}
+		// After a failed fsync or write the journal refuses new work
+		// until it is reopened: no new key leaves.
+		if failedAt >= 0 && !sentBefore[r.key] {
+			t.Errorf("%s: key %s (%s) sent at %s, after the journal's failed %s", inject, r.key, r.body, op, wl[0].ops[failedAt])
+		}
+		sentBefore[r.key] = true
+	}
+	// The final state: what the next process opens.
+	s, err := idem.OpenBoltStore(filepath.Join(wl[0].root, "journal.db"), nil)
+	if err != nil {
+		t.Fatalf("%s: reopen: %v", inject, err)
+	}
+	defer s.Close()
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) < 5 || f[0] != "err" || !strings.HasPrefix(f[2], "post:") {
+			continue
+		}
+		name, kind, key := strings.TrimPrefix(f[2], "post:"), f[3], f[4]
+		switch {
+		case kind == "notsent" && key == "-":
+			// "Not sent, no key journaled": the caller retries as told,
+			// with a new key. The operation must not be in the journal,
+			// or the next process's Resume sends it too.
+			if op, err := s.Named(t.Context(), name); err == nil {
+				t.Errorf("%s: %s: the caller was told %q, but the reopened journal holds %s (%s): Resume would send it, a retry charges twice",
+					inject, name, strings.ReplaceAll(f[len(f)-1], "_", " "), op.Key, op.State)
+			}
+			for k, b := range sentBody(wl[0].ops) {
+				if opName(b) == name {
+					t.Errorf("%s: %s: told not sent, but key %s left on the socket", inject, name, k)
+				}
+			}
+		case kind == "unknown" && key == "-":
+			t.Errorf("%s: %s: outcome unknown without the key that may be journaled", inject, name)
+		}
+	}
+	if _, err := c.check(wl[0]); err != nil {
+		t.Errorf("%s: %v", inject, err)
+	}
+	return fired
+}
+
+func sentBody(ops []crashstate.Op) map[string]string {
+	out := map[string]string{}
+	for _, op := range ops {
+		if op.Kind == crashstate.Send {
+			if r, ok := parseSend(op.Data); ok {
+				out[r.key] = r.body
+			}
+		}
+	}
+	return out
+}
+
+// TestJournalFailedFdatasync: the Nth fdatasync of the journal fails with
+// EIO (then ENOSPC) during a run of keyed POSTs. A caller is told "no key
+// journaled" only when the reservation cannot be in the file; after a
+// failed fsync nothing new is sent; every crash state of the run keeps
+// every key sent.
+func TestJournalFailedFdatasync(t *testing.T) {
+	crashstate.Need(t)
+	c := newClientChecker(t)
+	fired := 0
+	for _, errno := range []string{"EIO", "ENOSPC"} {
+		for n := 1; n <= 14; n++ {
+			if injectedRun(t, c, "PPPPPP", fmt.Sprintf("fdatasync:error=%s:when=%d", errno, n)) {
+				fired++
+			}
+		}
+	}
+	if fired == 0 {
+		t.Fatal("no injection fired")
+	}
+	t.Logf("%d runs with a failed fdatasync; %d crash states checked", fired, c.states)
+}
+
+// TestJournalFailedWrite: the same with the Nth pwrite64 failing.
+func TestJournalFailedWrite(t *testing.T) {
+	crashstate.Need(t)
+	c := newClientChecker(t)
+	fired := 0
+	for _, errno := range []string{"EIO", "ENOSPC"} {
+		for n := 1; n <= 16; n++ {
+			if injectedRun(t, c, "PPPPPP", fmt.Sprintf("pwrite64:error=%s:when=%d", errno, n)) {
+				fired++
+			}
+		}
+	}
+	if fired == 0 {
+		t.Fatal("no injection fired")
+	}
+	t.Logf("%d runs with a failed pwrite64; %d crash states checked", fired, c.states)
+}
+
+// TestJournalDirectorySyncedBeforeFirstSend: the journal's directory is
+// fsynced after the file is created and before the first key leaves on
+// the socket: without it a power loss may take the file's name, and with
+// it every key sent.
+func TestJournalDirectorySyncedBeforeFirstSend(t *testing.T) {
+	crashstate.Need(t)
+	root, ops, _ := recordClient(t, []string{"P"})
+	wl := splitWorkloads(root, ops)
+	created, synced := -1, -1
+	for _, op := range wl[0].ops {
+		switch {
+		case op.Kind == crashstate.Create && filepath.Base(op.Path) == "journal.db" && created < 0:
+			created = op.Seq
+		case op.Kind == crashstate.DirSync && op.Path == wl[0].root && created >= 0 && synced < 0 && op.Errno == "":
+			synced = op.Seq
+		case op.Kind == crashstate.Send:
+			if created < 0 || synced < 0 {
+				t.Fatalf("a key left at %s before the journal's directory was fsynced after its creation (%d)", op, created)
+			}
+			return
+		}
+	}
+	t.Fatal("no request was sent")
+}
+
