@@ -122,6 +122,7 @@ var journalErrors = boltfile.Errors{
 	Locked:  ErrJournalLocked,
 	Corrupt: ErrJournalCorrupt,
 	Write:   ErrJournalWrite,
+	Unknown: ErrOutcomeUnknown,
 	Closed:  ErrClosed,
 }
 

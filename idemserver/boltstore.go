@@ -140,6 +140,7 @@ var storeErrors = boltfile.Errors{
 	Locked:  idem.ErrJournalLocked,
 	Corrupt: idem.ErrJournalCorrupt,
 	Write:   idem.ErrJournalWrite,
+	Unknown: idem.ErrOutcomeUnknown,
 	Closed:  ErrClosed,
 }
 

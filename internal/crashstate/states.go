@@ -124,7 +124,9 @@ func (m *model) step(o Op) {
 		m.names[o.Path] = ino
 		m.changes = append(m.changes, nsChange{o, ino})
 	case Write, Truncate:
-		if ino := m.names[o.Path]; ino != nil {
+		// A write that returned -1 transferred nothing (a partial one
+		// returns its count, and its Data is cut to it).
+		if ino := m.names[o.Path]; ino != nil && o.Errno == "" {
 			ino.pending = append(ino.pending, o)
 		}
 	case Sync:
@@ -142,6 +144,12 @@ func (m *model) step(o Op) {
 			m.names[o.Path] = ino
 		}
 		m.changes = append(m.changes, nsChange{o, ino})
+	case Link:
+		if o.Errno != "" || m.names[o.From] == nil {
+			return
+		}
+		m.names[o.Path] = m.names[o.From]
+		m.changes = append(m.changes, nsChange{o, m.names[o.From]})
 	case Unlink:
 		if o.Errno != "" {
 			return
@@ -155,7 +163,7 @@ func (m *model) step(o Op) {
 		// The changes in this directory are durable, in order; others stay.
 		var left []nsChange
 		for _, c := range m.changes {
-			if filepath.Dir(c.op.Path) == o.Path || (c.op.Kind == Rename && filepath.Dir(c.op.From) == o.Path) {
+			if filepath.Dir(c.op.Path) == o.Path || ((c.op.Kind == Rename || c.op.Kind == Link) && filepath.Dir(c.op.From) == o.Path) {
 				applyNS(m.durable, c)
 				continue
 			}
@@ -167,7 +175,7 @@ func (m *model) step(o Op) {
 
 func applyNS(ns map[string]*inode, c nsChange) {
 	switch c.op.Kind {
-	case Create:
+	case Create, Link:
 		ns[c.op.Path] = c.ino
 	case Rename:
 		ino := ns[c.op.From]

@@ -30,9 +30,11 @@
 //     durable once that directory was fsynced after it; until then a
 //     crash may keep any prefix of the directory's changes, in order.
 //
-// An fsync or write the child was told failed (strace's fault injection)
-// counts as not having made anything durable, yet its bytes may be on the
-// disk: the states keep them or not, as for any unsynced write.
+// A write that returned -1 (strace's fault injection, or a real EIO or
+// ENOSPC) transferred nothing, as Linux's write(2) says: one that wrote
+// part of its bytes returns their count instead, and only those bytes are
+// kept or dropped like any unsynced write. An fsync that failed made
+// nothing durable: the writes before it stay unsynced.
 package crashstate
 
 import (
@@ -60,12 +62,13 @@ const (
 	Create                   // openat with O_CREAT of a file that did not exist: Path
 	Rename                   // renameat: From, Path
 	Unlink                   // unlinkat: Path
+	Link                     // linkat: From, Path (a second name of From's file)
 	Send                     // write on a TCP socket: Data, Sock
 	Mark                     // write to the child's standard output (crashtest.Emit): Data
 )
 
 func (k Kind) String() string {
-	return [...]string{"?", "write", "truncate", "sync", "dirsync", "create", "rename", "unlink", "send", "mark"}[k]
+	return [...]string{"?", "write", "truncate", "sync", "dirsync", "create", "rename", "unlink", "link", "send", "mark"}[k]
 }
 
 // Op is one system call of the trace, in the order the calls returned.
@@ -90,8 +93,8 @@ func (o Op) String() string {
 		s += fmt.Sprintf(" off=%d len=%d", o.Off, len(o.Data))
 	case Truncate:
 		s += fmt.Sprintf(" size=%d", o.Size)
-	case Rename:
-		s = fmt.Sprintf("#%d rename %s -> %s", o.Seq, filepath.Base(o.From), filepath.Base(o.Path))
+	case Rename, Link:
+		s = fmt.Sprintf("#%d %s %s -> %s", o.Seq, o.Kind, filepath.Base(o.From), filepath.Base(o.Path))
 	case Send, Mark:
 		d := o.Data
 		if len(d) > 40 {
@@ -149,7 +152,7 @@ func Run(t testing.TB, root, mode string, inject []string, env ...string) ([]Op,
 	tf.Close()
 	defer os.Remove(tf.Name())
 	args := []string{"-f", "-qq", "-o", tf.Name(), "-s", "67108864", "-xx", "-yy", "-e", "signal=none",
-		"-e", "trace=openat,pwrite64,write,fsync,fdatasync,ftruncate,renameat,renameat2,rename,unlinkat,sendto"}
+		"-e", "trace=openat,pwrite64,write,fsync,fdatasync,ftruncate,renameat,renameat2,rename,linkat,unlinkat,sendto"}
 	for _, in := range inject {
 		args = append(args, "-e", "inject="+in)
 	}
@@ -216,7 +219,7 @@ func Parse(raw []byte, root string) ([]Op, error) {
 			pending[pid] = t
 			continue
 		}
-		if strings.HasPrefix(text, "+++") || strings.HasPrefix(text, "---") {
+		if strings.HasPrefix(text, "+++") || strings.HasPrefix(text, "---") || strings.Contains(text, "<detached ...>") {
 			continue
 		}
 		op, keep, err := parseCall(text)
@@ -247,6 +250,13 @@ func Parse(raw []byte, root string) ([]Op, error) {
 			}
 			if op.Errno == "" {
 				delete(exists, op.From)
+				exists[op.Path] = true
+			}
+		case Link:
+			if !under(op.Path) {
+				continue
+			}
+			if op.Errno == "" {
 				exists[op.Path] = true
 			}
 		case Unlink:
@@ -377,6 +387,11 @@ func parseCall(text string) (Op, bool, error) {
 			d2, _ := fdPath(args[2])
 			op.From, op.Path = abs(d1, string(unquote(args[1]))), abs(d2, string(unquote(args[3])))
 		}
+		return op, true, nil
+	case "linkat":
+		d1, _ := fdPath(args[0])
+		d2, _ := fdPath(args[2])
+		op.Kind, op.From, op.Path = Link, abs(d1, string(unquote(args[1]))), abs(d2, string(unquote(args[3])))
 		return op, true, nil
 	case "unlinkat":
 		d, _ := fdPath(args[0])
