@@ -65,14 +65,14 @@ type BoltOptions struct {
 // responses): about 120 bytes of memory per stored key of the
 // middleware (64-byte ids), given back as sweeps delete the keys.
 type BoltStore struct {
-	f       *boltfile.File
-	w       *groupcommit.Writer[*bolt.Tx]
-	closed  atomic.Bool
-	gone    atomic.Bool // a commit failed with the path no longer naming the file
+	f      *boltfile.File
+	w      *groupcommit.Writer[*bolt.Tx]
+	closed atomic.Bool
+	gone   atomic.Bool // a commit failed with the path no longer naming the file
 	// uncertain: a commit failed with its record perhaps in the file; the
 	// store refuses new keys until it is opened again (see Complete).
 	uncertain atomic.Bool
-	flights flights     // the keys in flight and the index of stored keys
+	flights   flights // the keys in flight and the index of stored keys
 }
 
 var _ Store = (*BoltStore)(nil)
