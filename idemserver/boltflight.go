@@ -12,7 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // flights are a BoltStore's keys in flight, kept in memory: only one
@@ -184,14 +184,14 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	if s.f.Broken() {
 		// Fail closed: the answer could not be stored.
-		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
+		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idemstore.ErrJournalCorrupt)
 	}
 	if s.uncertain.Load() {
 		// A commit failed with its record perhaps in the file: the
 		// store's memory no longer says what the file holds, and a
 		// handler run now could not store its answer. Fail closed
 		// until the store is opened again.
-		return Claim{}, fmt.Errorf("idemserver: begin %s: %w: an earlier commit of the store failed and its outcome is unknown; the store refuses new keys until it is opened again", b.ID, idem.ErrJournalWrite)
+		return Claim{}, fmt.Errorf("idemserver: begin %s: %w: an earlier commit of the store failed and its outcome is unknown; the store refuses new keys until it is opened again", b.ID, idemstore.ErrJournalWrite)
 	}
 	if s.gone.Load() {
 		// A commit found the path naming another file, or none: every
@@ -279,7 +279,7 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	}
 	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: c.Response})
 	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
-	if err != nil && (errors.Is(err, idem.ErrOutcomeUnknown) || s.f.Failed() != nil || s.holds(key, v)) {
+	if err != nil && (errors.Is(err, idemstore.ErrOutcomeUnknown) || s.f.Failed() != nil || s.holds(key, v)) {
 		// The commit failed and its record may be in the file, or the
 		// file refuses writes after it: the record's storage is
 		// uncertain. The answer is withheld (the error), and the key
