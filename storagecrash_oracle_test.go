@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/crashstate"
@@ -345,4 +347,77 @@ func TestCrashStatesClientJournal(t *testing.T) {
 		}
 		t.Error(f)
 	}
+}
+
+// soakInjection returns the fault a soak seed injects, or "": half the
+// seeds none, the others an EIO or ENOSPC at a random fdatasync or
+// pwrite64.
+func soakInjection(seed uint64) string {
+	r := rand.New(rand.NewPCG(seed, 7))
+	if r.IntN(2) == 0 {
+		return ""
+	}
+	sc := []string{"fdatasync", "pwrite64"}[r.IntN(2)]
+	errno := []string{"EIO", "ENOSPC"}[r.IntN(2)]
+	return fmt.Sprintf("%s:error=%s:when=%d", sc, errno, 1+r.IntN(40))
+}
+
+// TestCrashStatesSoak runs the harness over random workloads, one seed
+// after another, for -soak (skipped without it): go test -run
+// TestCrashStatesSoak -soak=30m -v . Each seed records four random
+// workloads of 8 to 24 steps (with the seed's fault injected, if any)
+// and checks every crash state of each. It prints the states tried per
+// second every minute, and every failure with its seed and crash point;
+// -soak.seed=N replays from seed N.
+func TestCrashStatesSoak(t *testing.T) {
+	if *soak <= 0 {
+		t.Skip("skipped: no -soak duration given")
+	}
+	crashstate.Need(t)
+	seed := *soakSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	start := time.Now()
+	deadline := start.Add(*soak)
+	next := start.Add(time.Minute)
+	var states, unique, seeds, failures int
+	for time.Now().Before(deadline) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		ws := make([]string, 4)
+		for i := range ws {
+			ws[i] = randomWorkload(seed*4+uint64(i), 8+r.IntN(17))
+		}
+		var inject []string
+		if in := soakInjection(seed); in != "" {
+			inject = []string{in}
+		}
+		root := t.TempDir()
+		ops, lines, err := crashstate.Run(t, root, "crashstate-client", inject,
+			"CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(ws, ","))
+		if err != nil {
+			failures++
+			t.Errorf("seed %d (inject %v): the child failed: %v\n%q", seed, inject, err, lines)
+		}
+		c := newClientChecker(t)
+		for _, w := range splitWorkloads(root, ops) {
+			if _, err := c.check(w); err != nil {
+				failures++
+				t.Errorf("seed %d (inject %v, -soak.seed=%d): %v", seed, inject, seed, err)
+			}
+		}
+		states += c.states
+		unique += c.unique
+		seeds++
+		seed++
+		os.RemoveAll(root)
+		if now := time.Now(); now.After(next) {
+			el := now.Sub(start).Seconds()
+			fmt.Printf("soak: %s: %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures\n",
+				now.Sub(start).Round(time.Second), seeds, states, unique, float64(states)/el, failures)
+			next = now.Add(time.Minute)
+		}
+	}
+	el := time.Since(start).Seconds()
+	t.Logf("soak: %s, %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures", time.Since(start).Round(time.Second), seeds, states, unique, float64(states)/el, failures)
 }

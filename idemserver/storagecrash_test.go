@@ -11,8 +11,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -380,4 +382,79 @@ func TestServerStoreFailedFdatasync(t *testing.T) {
 		t.Fatal("no injection fired")
 	}
 	t.Logf("%d runs with a failed fsync or write; %d crash states checked", fired, c.states)
+}
+
+var (
+	soak     = flag.Duration("soak", 0, "run the store's crash-state harness over random workloads for this long (go test -run TestCrashStatesServerSoak -soak=30m ./idemserver)")
+	soakSeed = flag.Uint64("soak.seed", 0, "the first seed of -soak (0: from the clock)")
+)
+
+// srvRandom returns a random server workload of n steps for seed.
+func srvRandom(seed uint64, n int) string {
+	r := rand.New(rand.NewPCG(seed, 3))
+	b := make([]byte, n)
+	for i := range b {
+		if r.IntN(2) == 0 {
+			b[i] = srvNew
+		} else {
+			b[i] = srvSteps[r.IntN(len(srvSteps))]
+		}
+	}
+	return string(b)
+}
+
+// TestCrashStatesServerSoak runs the store's harness over random
+// workloads, one seed after another, for -soak (skipped without it):
+// four workloads of 8 to 24 steps per seed, half the seeds with an EIO or
+// ENOSPC at a random fdatasync or pwrite64. It prints the states tried
+// per second every minute and every failure with its seed and crash
+// point; -soak.seed=N replays from seed N.
+func TestCrashStatesServerSoak(t *testing.T) {
+	if *soak <= 0 {
+		t.Skip("skipped: no -soak duration given")
+	}
+	crashstate.Need(t)
+	seed := *soakSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	start := time.Now()
+	deadline, next := start.Add(*soak), start.Add(time.Minute)
+	var states, unique, seeds, failures int
+	for time.Now().Before(deadline) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		ws := make([]string, 4)
+		for i := range ws {
+			ws[i] = srvRandom(seed*4+uint64(i), 8+r.IntN(17))
+		}
+		var inject []string
+		if r.IntN(2) == 0 {
+			inject = []string{fmt.Sprintf("%s:error=%s:when=%d", []string{"fdatasync", "pwrite64"}[r.IntN(2)], []string{"EIO", "ENOSPC"}[r.IntN(2)], 1+r.IntN(40))}
+		}
+		root := t.TempDir()
+		ops, lines, err := crashstate.Run(t, root, "crashstate-server", inject, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(ws, ","))
+		if err != nil {
+			failures++
+			t.Errorf("seed %d (inject %v): the child failed: %v\n%q", seed, inject, err, lines)
+		}
+		c := &srvChecker{dir: t.TempDir(), cache: map[string]error{}}
+		for _, w := range splitSrv(root, ops) {
+			if _, err := c.check(w); err != nil {
+				failures++
+				t.Errorf("seed %d (inject %v, -soak.seed=%d): %v", seed, inject, seed, err)
+			}
+		}
+		states += c.states
+		unique += c.unique
+		seeds++
+		seed++
+		os.RemoveAll(root)
+		os.RemoveAll(c.dir)
+		if now := time.Now(); now.After(next) {
+			fmt.Printf("soak: %s: %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures\n",
+				now.Sub(start).Round(time.Second), seeds, states, unique, float64(states)/now.Sub(start).Seconds(), failures)
+			next = now.Add(time.Minute)
+		}
+	}
+	t.Logf("soak: %s, %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures", time.Since(start).Round(time.Second), seeds, states, unique, float64(states)/time.Since(start).Seconds(), failures)
 }
