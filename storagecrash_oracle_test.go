@@ -120,7 +120,7 @@ type clientChecker struct {
 
 func newClientChecker(t testing.TB) *clientChecker {
 	srv := &checkServer{performed: map[string]string{}}
-	return &clientChecker{t: t, dir: t.TempDir(), srv: srv, url: loopback(t, srv), fps: map[string][32]byte{}, cache: map[string]error{}}
+	return &clientChecker{t: t, dir: crashstate.TempDir(t), srv: srv, url: loopback(t, srv), fps: map[string][32]byte{}, cache: map[string]error{}}
 }
 
 // check checks every crash state of w; it returns the first failure.
@@ -382,6 +382,7 @@ func TestCrashStatesSoak(t *testing.T) {
 	deadline := start.Add(*soak)
 	next := start.Add(time.Minute)
 	var states, unique, seeds, failures int
+	c := newClientChecker(t)
 	for time.Now().Before(deadline) {
 		r := rand.New(rand.NewPCG(seed, 1))
 		ws := make([]string, 4)
@@ -392,14 +393,14 @@ func TestCrashStatesSoak(t *testing.T) {
 		if in := soakInjection(seed); in != "" {
 			inject = []string{in}
 		}
-		root := t.TempDir()
+		root := crashstate.TempDir(t)
 		ops, lines, err := crashstate.Run(t, root, "crashstate-client", inject,
 			"CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(ws, ","))
 		if err != nil {
 			failures++
 			t.Errorf("seed %d (inject %v): the child failed: %v\n%q", seed, inject, err, lines)
 		}
-		c := newClientChecker(t)
+		c.fps, c.cache, c.states, c.unique = map[string][32]byte{}, map[string]error{}, 0, 0
 		for _, w := range splitWorkloads(root, ops) {
 			if _, err := c.check(w); err != nil {
 				failures++

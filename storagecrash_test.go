@@ -278,7 +278,7 @@ func runClientWorkload(wi int, w, dir, url string) {
 // lines.
 func recordClient(t *testing.T, workloads []string, inject ...string) (string, []crashstate.Op, []string) {
 	t.Helper()
-	root := t.TempDir()
+	root := crashstate.TempDir(t)
 	ops, lines, err := crashstate.Run(t, root, "crashstate-client", inject,
 		"CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(workloads, ","))
 	if err != nil {

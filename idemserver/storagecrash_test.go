@@ -304,12 +304,12 @@ func (c *srvChecker) checkOpen(st crashstate.State, answered map[string]string) 
 func TestCrashStatesServerStore(t *testing.T) {
 	crashstate.Need(t)
 	ws := srvWorkloads(3)
-	root := t.TempDir()
+	root := crashstate.TempDir(t)
 	ops, lines, err := crashstate.Run(t, root, "crashstate-server", nil, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(ws, ","))
 	if err != nil {
 		t.Fatalf("%v\n%q", err, lines)
 	}
-	c := &srvChecker{dir: t.TempDir(), cache: map[string]error{}}
+	c := &srvChecker{dir: crashstate.TempDir(t), cache: map[string]error{}}
 	points := 0
 	var failures []string
 	for _, w := range splitSrv(root, ops) {
@@ -337,13 +337,13 @@ func TestCrashStatesServerStore(t *testing.T) {
 // sent.
 func TestServerStoreFailedFdatasync(t *testing.T) {
 	crashstate.Need(t)
-	c := &srvChecker{dir: t.TempDir(), cache: map[string]error{}}
+	c := &srvChecker{dir: crashstate.TempDir(t), cache: map[string]error{}}
 	fired := 0
 	for _, sc := range []string{"fdatasync", "pwrite64"} {
 		for _, errno := range []string{"EIO", "ENOSPC"} {
 			for n := 1; n <= 12; n++ {
 				inject := fmt.Sprintf("%s:error=%s:when=%d", sc, errno, n)
-				root := t.TempDir()
+				root := crashstate.TempDir(t)
 				ops, lines, err := crashstate.Run(t, root, "crashstate-server", []string{inject}, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS=NANANAN")
 				if err != nil {
 					t.Fatalf("%s: %v\n%q", inject, err, lines)
@@ -421,6 +421,7 @@ func TestCrashStatesServerSoak(t *testing.T) {
 	start := time.Now()
 	deadline, next := start.Add(*soak), start.Add(time.Minute)
 	var states, unique, seeds, failures int
+	c := &srvChecker{dir: crashstate.TempDir(t)}
 	for time.Now().Before(deadline) {
 		r := rand.New(rand.NewPCG(seed, 1))
 		ws := make([]string, 4)
@@ -431,13 +432,13 @@ func TestCrashStatesServerSoak(t *testing.T) {
 		if r.IntN(2) == 0 {
 			inject = []string{fmt.Sprintf("%s:error=%s:when=%d", []string{"fdatasync", "pwrite64"}[r.IntN(2)], []string{"EIO", "ENOSPC"}[r.IntN(2)], 1+r.IntN(40))}
 		}
-		root := t.TempDir()
+		root := crashstate.TempDir(t)
 		ops, lines, err := crashstate.Run(t, root, "crashstate-server", inject, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+strings.Join(ws, ","))
 		if err != nil {
 			failures++
 			t.Errorf("seed %d (inject %v): the child failed: %v\n%q", seed, inject, err, lines)
 		}
-		c := &srvChecker{dir: t.TempDir(), cache: map[string]error{}}
+		c.cache, c.states, c.unique = map[string]error{}, 0, 0
 		for _, w := range splitSrv(root, ops) {
 			if _, err := c.check(w); err != nil {
 				failures++
@@ -449,7 +450,6 @@ func TestCrashStatesServerSoak(t *testing.T) {
 		seeds++
 		seed++
 		os.RemoveAll(root)
-		os.RemoveAll(c.dir)
 		if now := time.Now(); now.After(next) {
 			fmt.Printf("soak: %s: %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures\n",
 				now.Sub(start).Round(time.Second), seeds, states, unique, float64(states)/now.Sub(start).Seconds(), failures)

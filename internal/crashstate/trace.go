@@ -457,3 +457,18 @@ func unhex(s string) string {
 	}
 	return string(b)
 }
+
+// TempDir returns a new directory for a recording or for crash states,
+// removed when t ends: on /dev/shm (tmpfs) where there is one, so that
+// the fsyncs of the child and of the checks cost nothing (the crash states
+// are the harness's model, not the disk's), else t.TempDir().
+func TempDir(t testing.TB) string {
+	t.Helper()
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "crashstate-"); err == nil {
+			t.Cleanup(func() { os.RemoveAll(d) })
+			return d
+		}
+	}
+	return t.TempDir()
+}
