@@ -27,6 +27,19 @@ import (
 // Pending and Claim wait for queued changes first, so a reader always sees
 // its own writes. Close commits everything queued.
 //
+// A failed commit (see internal/boltfile's File.Update): one whose meta
+// page reached the file may be durable, and its Reserve or Acquire
+// returns an error matching ErrOutcomeUnknown (the caller keeps the key:
+// the operation is in doubt); one that failed before returns
+// ErrJournalWrite (nothing of it is durable). After a failed fsync or an
+// I/O error the store trusts nothing it holds in memory: every later
+// write, queued changes included, fails with ErrJournalWrite until the
+// journal is opened again, so nothing is sent, and nothing is marked
+// finished, on the strength of a commit that failed. Only a full disk
+// (a write or the file's growth refused for space) is not such a failure.
+// A new journal is created whole (see OpenBoltStore's file handling in
+// internal/boltfile) and its directory fsynced before Open returns.
+//
 // Each operation is one record in one B+tree, its request inline while it
 // is pending (a body of 32 KiB or more is stored apart, under the key
 // followed by a NUL byte, in the same B+tree); a finished record keeps no
