@@ -270,6 +270,7 @@ func runClientWorkload(wi int, w, dir, url string) {
 				emitErr(i, "open", err)
 				return
 			}
+			crashtest.Emit("reopened", strconv.Itoa(i))
 		}
 	}
 }

@@ -36,7 +36,7 @@ func injectedRun(t *testing.T, c *clientChecker, w string, inject string) (fired
 				failedAt = op.Seq
 			}
 		}
-		if op.Kind == crashstate.Mark && strings.Contains(string(op.Data), " step ") && strings.HasSuffix(strings.TrimSpace(string(op.Data)), " C") {
+		if op.Kind == crashstate.Mark && strings.HasPrefix(string(op.Data), "@crashtest reopened ") {
 			failedAt = -1 // reopened: the journal may be used again
 		}
 		if op.Kind != crashstate.Send {
@@ -91,6 +91,21 @@ func injectedRun(t *testing.T, c *clientChecker, w string, inject string) (fired
 	return fired, unknown
 }
 
+// calls counts the fdatasyncs and pwrite64s of the journal in a clean
+// recording of w: the injections go over each of them.
+func calls(t *testing.T, w string) (syncs, writes int) {
+	_, ops, _ := recordClient(t, []string{w})
+	for _, op := range ops {
+		switch {
+		case op.Kind == crashstate.Sync && strings.HasPrefix(filepath.Base(op.Path), "journal.db"):
+			syncs++
+		case op.Kind == crashstate.Write && strings.HasPrefix(filepath.Base(op.Path), "journal.db"):
+			writes++
+		}
+	}
+	return syncs, writes
+}
+
 func sentBody(ops []crashstate.Op) map[string]string {
 	out := map[string]string{}
 	for _, op := range ops {
@@ -103,6 +118,11 @@ func sentBody(ops []crashstate.Op) map[string]string {
 	return out
 }
 
+// faultWorkload is the workload the faults are injected into: keyed
+// POSTs (every third answer lost, so pending), a Resume, a reopen with
+// compaction, more POSTs.
+const faultWorkload = "PPPRCPP"
+
 // TestJournalFailedFdatasync: the Nth fdatasync of the journal fails with
 // EIO (then ENOSPC) during a run of keyed POSTs. A caller is told "no key
 // journaled" only when the reservation cannot be in the file; after a
@@ -112,9 +132,10 @@ func TestJournalFailedFdatasync(t *testing.T) {
 	crashstate.Need(t)
 	c := newClientChecker(t)
 	fired, unknown := 0, 0
+	syncs, _ := calls(t, faultWorkload)
 	for _, errno := range []string{"EIO", "ENOSPC"} {
-		for n := 1; n <= 14; n++ {
-			f, u := injectedRun(t, c, "PPPPPP", fmt.Sprintf("fdatasync:error=%s:when=%d", errno, n))
+		for n := 1; n <= syncs; n++ {
+			f, u := injectedRun(t, c, faultWorkload, fmt.Sprintf("fdatasync:error=%s:when=%d", errno, n))
 			if f {
 				fired++
 			}
@@ -135,9 +156,10 @@ func TestJournalFailedWrite(t *testing.T) {
 	crashstate.Need(t)
 	c := newClientChecker(t)
 	fired, unknown := 0, 0
+	_, writes := calls(t, faultWorkload)
 	for _, errno := range []string{"EIO", "ENOSPC"} {
-		for n := 1; n <= 16; n++ {
-			f, u := injectedRun(t, c, "PPPPPP", fmt.Sprintf("pwrite64:error=%s:when=%d", errno, n))
+		for n := 1; n <= writes; n++ {
+			f, u := injectedRun(t, c, faultWorkload, fmt.Sprintf("pwrite64:error=%s:when=%d", errno, n))
 			if f {
 				fired++
 			}

@@ -155,6 +155,7 @@ func runServerWorkload(wi int, w, path string) {
 			if !ok {
 				return
 			}
+			crashtest.Emit("reopened", strconv.Itoa(i))
 		}
 	}
 	shut()
@@ -339,12 +340,32 @@ func TestServerStoreFailedFdatasync(t *testing.T) {
 	crashstate.Need(t)
 	c := &srvChecker{dir: crashstate.TempDir(t), cache: map[string]error{}}
 	fired := 0
+	const w = "NANCNAN"
+	// Each fdatasync and pwrite64 of the store in a clean run.
+	count := map[string]int{}
+	{
+		root := crashstate.TempDir(t)
+		ops, lines, err := crashstate.Run(t, root, "crashstate-server", nil, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+w)
+		if err != nil {
+			t.Fatalf("%v\n%q", err, lines)
+		}
+		for _, op := range ops {
+			if strings.HasPrefix(filepath.Base(op.Path), "keys.db") {
+				switch op.Kind {
+				case crashstate.Sync:
+					count["fdatasync"]++
+				case crashstate.Write:
+					count["pwrite64"]++
+				}
+			}
+		}
+	}
 	for _, sc := range []string{"fdatasync", "pwrite64"} {
 		for _, errno := range []string{"EIO", "ENOSPC"} {
-			for n := 1; n <= 12; n++ {
+			for n := 1; n <= count[sc]; n++ {
 				inject := fmt.Sprintf("%s:error=%s:when=%d", sc, errno, n)
 				root := crashstate.TempDir(t)
-				ops, lines, err := crashstate.Run(t, root, "crashstate-server", []string{inject}, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS=NANANAN")
+				ops, lines, err := crashstate.Run(t, root, "crashstate-server", []string{inject}, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS="+w)
 				if err != nil {
 					t.Fatalf("%s: %v\n%q", inject, err, lines)
 				}
@@ -352,6 +373,9 @@ func TestServerStoreFailedFdatasync(t *testing.T) {
 				failedAt := -1
 				answered := map[string]bool{}
 				for _, op := range wl[0].ops {
+					if op.Kind == crashstate.Mark && strings.HasPrefix(string(op.Data), "@crashtest reopened ") {
+						failedAt = -1 // reopened: the store reads its file anew
+					}
 					if op.Injected && failedAt < 0 && (op.Kind != crashstate.Write || op.Errno != "ENOSPC") {
 						failedAt = op.Seq
 						fired++
