@@ -159,6 +159,9 @@ func (c *clientChecker) checkState(w workload, st crashstate.State) error {
 				for k := range acked {
 					mayGo[k] = true
 				}
+				for k := range expiring { // expired is finished: swept too
+					mayGo[k] = true
+				}
 			case len(f) >= 4 && f[0] == "expiring":
 				expiring[f[3]] = true
 			case len(f) >= 5 && f[0] == "resumed":

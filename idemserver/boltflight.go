@@ -186,11 +186,12 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 		// Fail closed: the answer could not be stored.
 		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idemstore.ErrJournalCorrupt)
 	}
-	if s.uncertain.Load() {
-		// A commit failed with its record perhaps in the file: the
-		// store's memory no longer says what the file holds, and a
-		// handler run now could not store its answer. Fail closed
-		// until the store is opened again.
+	if s.uncertain.Load() || s.f.Failed() != nil {
+		// A commit failed with its record perhaps in the file, or the
+		// file refuses writes after a failed fsync (a Complete's or a
+		// Sweep's): the store's memory no longer says what the file
+		// holds, and a handler run now could not store its answer.
+		// Fail closed until the store is opened again.
 		return Claim{}, fmt.Errorf("idemserver: begin %s: %w: an earlier commit of the store failed and its outcome is unknown; the store refuses new keys until it is opened again", b.ID, idemstore.ErrJournalWrite)
 	}
 	if s.gone.Load() {

@@ -233,15 +233,19 @@ func (c *srvChecker) check(w srvWorkload) (int, error) {
 
 func (c *srvChecker) checkState(w srvWorkload, st crashstate.State) error {
 	answered := map[string]string{}
+	swept := map[string]string{} // answered before a sweep: forgotten, as retention says, even if replayed while the sweep commits
 	for _, op := range w.ops[:st.Point+1] {
 		switch op.Kind {
 		case crashstate.Send:
-			if a, ok := parseAnswer(op.Data); ok {
+			if a, ok := parseAnswer(op.Data); ok && swept[a.key] != a.body {
 				answered[a.key] = a.body
 			}
 		case crashstate.Mark:
 			if f := strings.Fields(string(op.Data)); len(f) >= 2 && f[1] == "sweeping" {
-				answered = map[string]string{} // swept: the keys are forgotten, as retention says
+				for k, b := range answered {
+					swept[k] = b
+				}
+				answered = map[string]string{}
 			}
 		}
 	}

@@ -3,6 +3,9 @@
 // every persistence point: the crash-state harness of the bbolt journal
 // (the root package) and of idemserver's BoltStore.
 //
+// strace runs with --seccomp-bpf, so that only the traced calls stop the
+// child (the Go runtime's futexes do not).
+//
 // Why strace and not a FUSE layer: strace (a Debian package; ptrace, no
 // root, no mount, no new module dependency) sees the real system calls of
 // the real code, in one total order across the child's threads: every
@@ -151,14 +154,17 @@ func Run(t testing.TB, root, mode string, inject []string, env ...string) ([]Op,
 	}
 	tf.Close()
 	defer os.Remove(tf.Name())
-	args := []string{"-f", "-qq", "-o", tf.Name(), "-s", "67108864", "-xx", "-yy", "-e", "signal=none",
+	args := []string{"-f", "--seccomp-bpf", "-qq", "-o", tf.Name(), "-s", "67108864", "-xx", "-yy", "-e", "signal=none",
 		"-e", "trace=openat,pwrite64,write,fsync,fdatasync,ftruncate,renameat,renameat2,rename,linkat,unlinkat,sendto"}
 	for _, in := range inject {
 		args = append(args, "-e", "inject="+in)
 	}
 	args = append(args, exe, "-test.run=^$", "-test.count=1", "-test.v=false", "-test.timeout=10m")
 	cmd := exec.Command(strace, args...)
-	cmd.Env = append(append(os.Environ(), "IDEM_CRASHTEST_MODE="+mode), env...)
+	// A race-enabled child would sleep a second at exit (the race
+	// detector's atexit_sleep_ms): the harness runs many children.
+	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	cmd.Env = append(append(os.Environ(), "IDEM_CRASHTEST_MODE="+mode, "GORACE="+gorace), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
