@@ -486,3 +486,45 @@ func TestCrashStatesServerSoak(t *testing.T) {
 	}
 	t.Logf("soak: %s, %d seeds, %d crash states (%d distinct), %.0f states/s, %d failures", time.Since(start).Round(time.Second), seeds, states, unique, float64(states)/time.Since(start).Seconds(), failures)
 }
+
+// TestServerStoreFailedSweep: the fsyncs of a Sweep's commit fail (the
+// sweep runs on the child's locked main thread: its 4th and 5th
+// fdatasync, after the store's creation's three). Afterwards no handler
+// runs until the store is reopened: the file's state is unknown, and a
+// key whose record the sweep may have deleted must not run again while
+// the first run's record may exist. Before the store refused new keys
+// only after a failed Complete, the next new key ran its handler.
+func TestServerStoreFailedSweep(t *testing.T) {
+	crashstate.Need(t)
+	c := &srvChecker{dir: crashstate.TempDir(t), cache: map[string]error{}}
+	for _, n := range []int{4, 5} {
+		inject := fmt.Sprintf("fdatasync:error=EIO:when=%d", n)
+		root := crashstate.TempDir(t)
+		ops, lines, err := crashstate.Run(t, root, "crashstate-server", []string{inject}, "CRASHSTATE_ROOT="+root, "CRASHSTATE_WORKLOADS=NSANN")
+		if err != nil {
+			t.Fatalf("%s: %v\n%q", inject, err, lines)
+		}
+		wl := splitSrv(root, ops)
+		failedAt, sweeping := -1, false
+		for _, op := range wl[0].ops {
+			if op.Kind == crashstate.Mark && strings.Contains(string(op.Data), " sweeping ") {
+				sweeping = true
+			}
+			if op.Injected && failedAt < 0 {
+				if !sweeping {
+					t.Fatalf("%s: the injection hit %s, before the sweep", inject, op)
+				}
+				failedAt = op.Seq
+			}
+			if f := strings.Fields(string(op.Data)); op.Kind == crashstate.Mark && failedAt >= 0 && len(f) >= 3 && f[1] == "ran" {
+				t.Errorf("%s: handler ran for %s at %s, after the sweep's failed %s", inject, f[2], op, wl[0].ops[failedAt])
+			}
+		}
+		if failedAt < 0 {
+			t.Fatalf("%s: no injection fired", inject)
+		}
+		if _, err := c.check(wl[0]); err != nil {
+			t.Errorf("%s: %v", inject, err)
+		}
+	}
+}
