@@ -165,11 +165,11 @@ func HeaderEventID(name string) EventID {
 // the stored answer. Only 2xx answers are stored by default (see
 // WithWebhookClientErrors): any other answer or a panic releases the id so
 // the sender's retry runs the handler again.
-func (m *Middleware) Webhook(h http.Handler, id EventID) http.Handler {
+func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
 	}
-	return &handler{m: m, h: h, rt: route{required: true, webhook: id}}
+	return &handler{m: m, h: m.webhookHandler(h, opts), rt: route{required: true, webhook: id}}
 }
 
 // handler is a wrapped route.
