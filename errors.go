@@ -71,6 +71,11 @@ var (
 	// ContentLength, a GetBody that returns no body). Nothing is journaled
 	// or sent.
 	ErrInvalidRequest = errors.New("idem: invalid request")
+	// ErrNotKeyed is returned, matching ErrInvalidRequest too, for a
+	// request whose context asks for a key (WithKey, WithOperation) with
+	// a method the Client does not key (WithKeyedMethods, Provider.Methods):
+	// it would go out without its key and unjournaled. Nothing is sent.
+	ErrNotKeyed = errors.New("idem: method is not keyed")
 	// ErrAttemptsExhausted is returned when the last allowed attempt ended
 	// without a response. The operation stays pending: its outcome is unknown.
 	ErrAttemptsExhausted = errors.New("idem: attempts exhausted without a response")

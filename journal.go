@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,8 +19,12 @@ import (
 type journal struct {
 	store     KeyStore
 	owner     string
-	keyHeader string                 // what Operation.KeyHeader records
-	newKey    func() (string, error) // makes a key in the provider's format
+	keyHeader string // what Operation.KeyHeader records
+	// headerNamed says the application named keyHeader (WithKeyHeader,
+	// WithProvider): a record without a key header of its own is sent
+	// under it; otherwise it is refused (errUnknownKeyHeader).
+	headerNamed bool
+	newKey      func() (string, error) // makes a key in the provider's format
 	// refused, if set, is why this Client may not use the journal (its
 	// policy conflicts with the journal's): every call fails with it.
 	refused      error
@@ -105,6 +110,26 @@ func (j *journal) stamp(op *Operation) {
 	op.State, op.Created, op.Updated = StatePending, now, now
 	op.Owner, op.LeaseUntil = j.owner, now.Add(j.lease)
 	op.KeyHeader = j.keyHeader
+}
+
+// errUnknownKeyHeader says why a record without a key header of its own
+// (written before Operation.KeyHeader existed) is not sent by a Client
+// left at the default header: its header is unknown, and a guess would
+// send the key where the provider does not read it (a new operation).
+var errUnknownKeyHeader = errors.New("idem: the record was journaled before records kept their key header, and this Client names none: " +
+	"open it with the header it was sent with (WithKeyHeader or WithProvider) to send it again")
+
+// sendHeader returns the header rec's key travels in: the one it was
+// journaled with, or for a record from before records kept one, the
+// header the application named; an error when it named none.
+func (j *journal) sendHeader(rec *Operation) (string, error) {
+	switch {
+	case rec.KeyHeader != "":
+		return http.CanonicalHeaderKey(rec.KeyHeader), nil
+	case j.headerNamed:
+		return j.keyHeader, nil
+	}
+	return "", errUnknownKeyHeader
 }
 
 // checkReserve returns why op may not be reserved, or nil. It is the

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ type operation struct {
 	doubtful   bool                  // the answer delivered leaves it in doubt
 	notKept    bool                  // the answer is a 409 saying it was performed, answer not kept
 	original   int                   // then, the status the server first sent, or 0
+	resource   string                // and the resource it made under the key, or ""
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
 	ctx        tracedCtx             // the requests' context, with trace
@@ -210,6 +212,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
 	}
+	if _, err := j.sendHeader(&rec); err != nil {
+		return fail(ErrNotRetryable, err)
+	}
 	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {
 		return fail(ErrInProgress, nil)
@@ -331,7 +336,7 @@ func (o *operation) settle(v verdict, status int) {
 		}
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
 		if v == performed {
-			out.State, out.Status, out.Err = notKeptOutcome(o.original)
+			out.State, out.Status, out.Err = notKeptOutcome(o.original, o.resource)
 			state = out.State
 		}
 		o.settledAs = state
@@ -463,11 +468,16 @@ func (o *operation) settledMeanwhile() bool {
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	o.status = resp.StatusCode
 	if v == performed {
-		o.notKept, o.original = true, notKeptStatus(resp)
+		p, _ := PerformedOf(resp) // a provider's dialect marked it with the resource
+		p.Status = notKeptStatus(resp)
+		o.notKept, o.original, o.resource = true, p.Status, p.Resource
+		setPerformed(resp, p)
+	} else {
+		delete(resp.Header, PerformedHeader) // the server's, not idem's
 	}
 	o.doubtful = o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
 		resp.StatusCode == http.StatusProxyAuthRequired) ||
-		v == transient && resp.StatusCode == http.StatusConflict
+		v == transient && resp.StatusCode == http.StatusConflict || v == inProgress
 	if resp.Body == nil || resp.Body == http.NoBody {
 		o.received(v)
 		return resp
@@ -492,21 +502,39 @@ func (o *operation) answered(resp *http.Response) State {
 }
 
 // notKeptOutcome returns what the journal records for an operation the
-// server performed without keeping its answer (idemserver's
-// ProblemNotKept), given the status the server first sent (0: unknown):
-// finished, never sent again; succeeded with that status if it was a 2xx
-// or 3xx (what classifyResponse calls success), else failed with it (with 409 when it is unknown); and an error text
+// server performed without keeping (or replaying) its answer: idemserver's
+// ProblemNotKept, given the status the server first sent (0: unknown), or
+// a provider's performed code (GoCardless's idempotent_creation_conflict),
+// given the resource the server made under the key ("": not named). It is
+// finished, never sent again: succeeded with the original status if that
+// was a 2xx or 3xx (what classifyResponse calls success), succeeded with
+// 409 when the server names the resource it made (it was created), else
+// failed with the original status (409 when unknown); and an error text
 // that says the request was performed, so that no one reads "failed" as
 // "not charged" and re-drives it under a new name.
-func notKeptOutcome(original int) (State, int, string) {
-	if original == 0 {
-		return StateFailed, http.StatusConflict, "performed by server, answer not kept (status unknown)"
-	}
-	state := StateFailed
-	if original >= 200 && original < 400 {
+func notKeptOutcome(original int, resource string) (State, int, string) {
+	const text = "performed by server, answer not kept"
+	state, status := StateFailed, original
+	switch {
+	case original >= 200 && original < 400:
 		state = StateSucceeded
+	case original == 0:
+		status = http.StatusConflict
+		if resource != "" {
+			state = StateSucceeded
+		}
 	}
-	return state, original, "performed by server, answer not kept (original status " + strconv.Itoa(original) + ")"
+	var why []string
+	if original != 0 {
+		why = append(why, "original status "+strconv.Itoa(original))
+	}
+	if resource != "" {
+		why = append(why, "conflicting resource "+resource)
+	}
+	if len(why) == 0 {
+		return state, status, text + " (status unknown)"
+	}
+	return state, status, text + " (" + strings.Join(why, ", ") + ")"
 }
 
 // received ends the operation once its answer reached the caller: in

@@ -22,6 +22,7 @@ type config struct {
 	base          http.RoundTripper
 	policy        RetryPolicy
 	header        string
+	headerSet     bool // header was named (WithKeyHeader, WithProvider), not left at DefaultHeader
 	keyed         map[string]bool
 	secret        map[string]bool
 	secretQuery   map[string]bool
@@ -179,6 +180,7 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
+			c.headerSet = true
 		}
 	}
 }

@@ -98,6 +98,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))
 	}
 	if !keyed {
+		if err := t.unkeyedAsked(req); err != nil {
+			closeBody(req)
+			return nil, err
+		}
 		return t.roundTripUnkeyed(req)
 	}
 	o, err := t.j.newOperation(hooksFor(req.Context(), t.cfg.hooks), true)
@@ -182,7 +186,17 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	if rest != nil {
 		large = someBody(req.GetBody)
 	}
-	return t.outgoing(o, req, req.Header, t.cfg.header, large), nil
+	// The key travels in the header the operation was journaled with (a
+	// re-drive of a record from a Client with another key header), never
+	// under a guess; the caller's own key header goes with it.
+	h, kh := req.Header, o.rec.KeyHeader
+	if kh == "" { // begin made sure the Client names a header then
+		kh = t.cfg.header
+	}
+	if kh = http.CanonicalHeaderKey(kh); kh != t.cfg.header {
+		h = withoutHeader(h, t.cfg.header)
+	}
+	return t.outgoing(o, req, h, kh, large), nil
 }
 
 // outgoing returns the request that o's attempts send, the one place it is
@@ -374,7 +388,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 			if resp != nil {
 				t.cfg.logger.Info("idem: giving up, returning last response", "idem.key", key, "idem.operation", name,
 					"http.response.status_code", resp.StatusCode, "idem.attempts", tries, "idem.reason", tr.reason, "idem.stop", why.Error())
-				return c.deliver(resp, transient), nil
+				return c.deliver(resp, tr.v), nil
 			}
 			return nil, c.stop(why, tr.err)
 		}
@@ -426,6 +440,27 @@ func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, host string, 
 	return wait, source, nil
 }
 
+// unkeyedAsked returns an error matching ErrNotKeyed and
+// ErrInvalidRequest when a request the Client does not key asks for a key
+// or an operation name in its context (and not WithoutKey): sending it
+// without either would silently drop the caller's protection.
+func (t *Transport) unkeyedAsked(req *http.Request) error {
+	ctx := req.Context()
+	if withoutKey(ctx) {
+		return nil
+	}
+	what := ""
+	if _, ok := ctx.Value(keyContext{}).(string); ok {
+		what = "WithKey"
+	} else if _, ok := ctx.Value(operationContext{}).(string); ok {
+		what = "WithOperation"
+	} else {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %s on a %s request, a method the Client does not key (WithKeyedMethods or the provider's Methods)",
+		ErrInvalidRequest, ErrNotKeyed, what, req.Method)
+}
+
 // roundTripUnkeyed sends a request that carries no key: an idempotent
 // method, or a non-idempotent one the caller opted out of keys for.
 // Nothing is journaled; the call is counted only while RoundTrip runs.
@@ -462,7 +497,7 @@ func (u *unkeyed) body(n int) (io.ReadCloser, error) {
 
 func (u *unkeyed) tried(_ context.Context, tr try) try {
 	tr.count(0)
-	if tr.v == transient && (u.unsafe && tr.sent || u.rewind == nil) {
+	if (tr.v == transient || tr.v == inProgress) && (u.unsafe && tr.sent || u.rewind == nil) {
 		tr.v = permanent // it may have been performed, or the body is gone
 	}
 	return tr
