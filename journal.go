@@ -168,7 +168,7 @@ func (j *journal) finish(ctx context.Context, rec *Operation, o Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("idem: finish %q: state %s is not final", rec.Key, o.State)
 	}
-	o.Sent = max(o.Sent, 0)
+	o.Sent = max(o.Sent, -1) // -1 withdraws a start it counted (Outcome.Sent)
 	o.URL = TrimQuery(rec.URL)
 	o.Err = recordedText(o.Err)
 	o.Owner = j.owner // only the holder's outcome is written (KeyStore.Finish)

@@ -36,34 +36,43 @@ type operation struct {
 	// request under its key may have been performed.
 	resend bool
 	// prior is the record's state and status before this call reopened it.
-	prior      State
-	priorCode  int
-	ids        flights
-	live       bool
-	wrote      atomic.Int32 // requests written, counted by httptrace
-	replayMu   sync.Mutex
-	replayAt   []time.Time // when net/http wrote the last attempt's request again
-	reported   int         // AttemptDone events of this call
-	written    int         // requests written by this call
-	unrecorded int         // of those, not yet recorded with Attempt
-	mayHave    bool        // a request of this call may have reached the server
-	status     int         // status of the last response, or 0
-	reason     string      // the classifier's reason for the last attempt
-	once       sync.Once
-	settledAs  State // the state settle recorded, or 0
-	hooks      hookSet
-	doubtful   bool                  // the answer delivered leaves it in doubt
-	notKept    bool                  // the answer is a 409 saying it was performed, answer not kept
-	original   int                   // then, the status the server first sent, or 0
-	resource   string                // and the resource it made under the key, or ""
-	match      [32]byte              // its key in recentCalls; zero: none
-	trace      httptrace.ClientTrace // counts the requests written
-	ctx        tracedCtx             // the requests' context, with trace
-	req        http.Request          // the request its attempts send (outgoing)
-	answer     answerBody            // the body handed to the caller
-	first      bytes.Reader          // the body of the first attempt
-	keyValue   [1]string             // the key header's value
-	flight     flightEntry           // its entry in the in-flight set, for a call
+	prior     State
+	priorCode int
+	ids       flights
+	live      bool
+	wrote     atomic.Int32 // requests written, counted by httptrace
+	replayMu  sync.Mutex
+	replayAt  []time.Time // when net/http wrote the last attempt's request again
+	reported  int         // AttemptDone events of this call
+	written   int         // requests written by this call
+	// unrecorded counts the requests written not yet recorded with
+	// Attempt; -1 when the journal counted an attempt as started that
+	// then wrote nothing (a refused connection): the next mark withdraws it.
+	unrecorded int
+	// started is 1 while the journal counts the attempt under way (or the
+	// next one) as started: the first attempt of a new operation, counted
+	// by its reservation, or one a mark before it counted (starting). Its
+	// first request written is then already counted.
+	started   int
+	marked    bool   // the last attempt's outcome is recorded (recordAttempt)
+	mayHave   bool   // a request of this call may have reached the server
+	status    int    // status of the last response, or 0
+	reason    string // the classifier's reason for the last attempt
+	once      sync.Once
+	settledAs State // the state settle recorded, or 0
+	hooks     hookSet
+	doubtful  bool                  // the answer delivered leaves it in doubt
+	notKept   bool                  // the answer is a 409 saying it was performed, answer not kept
+	original  int                   // then, the status the server first sent, or 0
+	resource  string                // and the resource it made under the key, or ""
+	match     [32]byte              // its key in recentCalls; zero: none
+	trace     httptrace.ClientTrace // counts the requests written
+	ctx       tracedCtx             // the requests' context, with trace
+	req       http.Request          // the request its attempts send (outgoing)
+	answer    answerBody            // the body handed to the caller
+	first     bytes.Reader          // the body of the first attempt
+	keyValue  [1]string             // the key header's value
+	flight    flightEntry           // its entry in the in-flight set, for a call
 
 	// rewind returns the body of an attempt after the first; outgoing
 	// sets it with the request it builds.
@@ -183,6 +192,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if created {
 		j.flight.setKey(ids, rec.Key)
 		rec.Header, rec.Body = op.Header, op.Body
+		// The reservation counted the first attempt as started (op.Attempts
+		// is 1): before this call, no request was written under the key.
+		o.started, rec.Attempts = op.Attempts, 0
 		o.hold(rec, *ids, nil)
 		return nil, nil
 	}
@@ -268,7 +280,12 @@ func (o *operation) body(n int) (io.ReadCloser, error) {
 func (o *operation) tried(ctx context.Context, tr try) try {
 	tr.count(int(o.wrote.Swap(0)))
 	o.written += tr.writes
-	o.unrecorded += tr.writes
+	w := tr.writes
+	if o.started > 0 { // counted when it started; -1 if it wrote nothing
+		o.started, w = 0, w-1
+	}
+	o.unrecorded += w
+	o.marked = false
 	o.mayHave = o.mayHave || tr.sent && tr.writes > 0
 	o.reason = tr.reason
 	if o.hooks.any() {
@@ -284,7 +301,7 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 	if tr.resp == nil {
 		errText = tr.err.Error()
 	}
-	o.recordAttempt(statusOf(tr.resp), errText, tr.reason)
+	o.recordAttempt(statusOf(tr.resp), errText, tr.reason, true)
 	if o.hooks.any() {
 		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 			Delay: wait, Reason: tr.reason, Source: source})
@@ -293,16 +310,58 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 
 // recordAttempt records the attempts not yet recorded, with the last
 // outcome and why it did not end the operation; the operation stays
-// pending.
-func (o *operation) recordAttempt(status int, errText, reason string) {
+// pending. With next (a retry is due) the mark also counts the next
+// attempt as started, so that no mark of its own is needed before it
+// goes (starting makes the mark durable then); a retry whose wait the
+// context cuts short still counts.
+func (o *operation) recordAttempt(status int, errText, reason string, next bool) {
 	o.status = status
-	if o.unrecorded == 0 {
+	if o.marked && o.unrecorded == 0 && !next {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
-	o.unrecorded = 0
+	// An attempt counted as started that wrote nothing is withdrawn by
+	// the next one's start; with no next one (in doubt) it stays counted,
+	// since History's counts are never negative.
+	a := Attempt{Sent: max(o.unrecorded, 0), Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
+	if next {
+		a.Sent = o.unrecorded + 1
+		o.started = 1
+	}
+	o.unrecorded, o.marked = 0, true
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
+	}
+}
+
+// starting runs just before attempt n is sent and makes sure the journal
+// counts it as started, durably, so that a crash while it is on the wire
+// cannot hide it (Attempts, and the Earlier and resend count of the next
+// resend, count every request the server may have seen). The first
+// attempt of a new operation was counted by its reservation, at no cost;
+// a retry by the mark before its wait (recordAttempt). The first attempt
+// of a resend (Resume, a re-drive) gets a mark of its own, "resend",
+// which keeps the record's last status and error. A mark is queued by
+// the store (Attempt returns before its commit); the lease renewal that
+// follows is a write the store makes durable before it returns, and with
+// it every change queued before (the bbolt journal commits in order; a
+// store that does not, such as pgstore's asynchronous marks, keeps the
+// mark as durable as its other attempt marks).
+func (o *operation) starting(n int) {
+	if n == 1 && o.started > 0 {
+		return // counted by the reservation, which was durable before
+	}
+	ctx := context.Background()
+	if o.started == 0 { // a resend's first attempt
+		a := Attempt{Sent: 1, Status: o.rec.LastStatus, Err: o.rec.LastError, Reason: "resend", At: o.j.now(), Owner: o.j.owner}
+		o.started = 1
+		if err := o.j.store.Attempt(ctx, o.rec.Key, a); err != nil {
+			o.j.journalFailed(ctx, o.hooks, o.info(StatePending), WriteAttempt, err)
+			return
+		}
+	}
+	now := o.j.now()
+	if err := o.j.store.Renew(ctx, o.rec.Key, o.j.newLease(now)); err != nil {
+		o.j.journalFailed(ctx, o.hooks, o.info(StatePending), WriteLease, err)
 	}
 }
 
@@ -370,7 +429,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		if status >= 200 && status < 300 && cause != nil { // the answer's body was lost
 			_, reason, _ = classifyError(cause)
 		}
-		o.recordAttempt(status, text, reason)
+		o.recordAttempt(status, text, reason, false)
 		now := o.j.now()
 		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
 			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
@@ -399,7 +458,9 @@ func (o *operation) stop(cause, err error) error {
 		return e
 	}
 	e.State = StateFailed
-	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), At: o.j.now()}
+	// Sent withdraws the start the journal counted for an attempt that
+	// wrote nothing (o.unrecorded is 0 or -1 here).
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), Sent: o.unrecorded, At: o.j.now()}
 	if o.resend {
 		e.State = o.prior
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError

@@ -169,6 +169,10 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		Key: key, Name: name, Method: req.Method, URL: jurl, Fingerprint: fp,
 		Redacted: redacted || secrets, Unreplayable: rest != nil,
 		Header: header, Body: body,
+		// The first attempt counts as started in the reservation that
+		// makes the operation durable, before it is sent: a crash while it
+		// is on the wire cannot hide it (see operation.starting).
+		Attempts: 1,
 	}
 	if req.Host != "" && req.Host != req.URL.Host {
 		op.Host = req.Host
@@ -255,6 +259,8 @@ type caller interface {
 	// body returns the body for attempt n (from 1), or nil to send the
 	// request's own.
 	body(n int) (io.ReadCloser, error)
+	// starting runs just before attempt n (from 1) is sent.
+	starting(n int)
 	// tried records what an attempt got and returns it counted: with its
 	// writes set, and a transient verdict made permanent when the request
 	// must not go again. (A try goes by value, so that it stays on the
@@ -361,6 +367,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		if b != nil {
 			r.Body = b
 		}
+		c.starting(attempt)
 		tr := try{began: time.Now()}
 		tr.resp, tr.err = t.cfg.base.RoundTrip(r)
 		tr.classify(ctx, t.cfg.classify)
@@ -502,6 +509,8 @@ func (u *unkeyed) tried(_ context.Context, tr try) try {
 	}
 	return tr
 }
+
+func (u *unkeyed) starting(int) {}
 
 func (u *unkeyed) retrying(context.Context, try, time.Duration, string) {}
 
