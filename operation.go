@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,11 +9,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgo/idem/internal/fingerprint"
 )
 
 // operation is one keyed operation's life in this process, from its
@@ -53,25 +57,28 @@ type operation struct {
 	// next one) as started: the first attempt of a new operation, counted
 	// by its reservation, or one a mark before it counted (starting). Its
 	// first request written is then already counted.
-	started   int
-	marked    bool   // the last attempt's outcome is recorded (recordAttempt)
-	mayHave   bool   // a request of this call may have reached the server
-	status    int    // status of the last response, or 0
-	reason    string // the classifier's reason for the last attempt
-	once      sync.Once
-	settledAs State // the state settle recorded, or 0
-	hooks     hookSet
-	doubtful  bool                  // the answer delivered leaves it in doubt
-	notKept   bool                  // the answer is a 409 saying it was performed, answer not kept
-	original  int                   // then, the status the server first sent, or 0
-	resource  string                // and the resource it made under the key, or ""
-	match     [32]byte              // its key in recentCalls; zero: none
-	trace     httptrace.ClientTrace // counts the requests written
-	req       http.Request          // the request its attempts send (outgoing)
-	answer    answerBody            // the body handed to the caller
-	first     bytes.Reader          // the body of the first attempt
-	keyValue  [1]string             // the key header's value
-	flight    flightEntry           // its entry in the in-flight set, for a call
+	started int
+	marked  bool // the last attempt's outcome is recorded (recordAttempt)
+	// bodyChanged is set when an attempt's body, too large to journal,
+	// streamed other bytes than its fingerprint's (verified).
+	bodyChanged atomic.Bool
+	mayHave     bool   // a request of this call may have reached the server
+	status      int    // status of the last response, or 0
+	reason      string // the classifier's reason for the last attempt
+	once        sync.Once
+	settledAs   State // the state settle recorded, or 0
+	hooks       hookSet
+	doubtful    bool                  // the answer delivered leaves it in doubt
+	notKept     bool                  // the answer is a 409 saying it was performed, answer not kept
+	original    int                   // then, the status the server first sent, or 0
+	resource    string                // and the resource it made under the key, or ""
+	match       [32]byte              // its key in recentCalls; zero: none
+	trace       httptrace.ClientTrace // counts the requests written
+	req         http.Request          // the request its attempts send (outgoing)
+	answer      answerBody            // the body handed to the caller
+	first       bytes.Reader          // the body of the first attempt
+	keyValue    [1]string             // the key header's value
+	flight      flightEntry           // its entry in the in-flight set, for a call
 
 	// rewind returns the body of an attempt after the first; outgoing
 	// sets it with the request it builds.
@@ -632,3 +639,78 @@ func (b *answerBody) Close() error {
 	b.o.received(b.v)
 	return err
 }
+
+// verified returns getBody made to check every body it returns against
+// fp, the fingerprint taken of the first: each attempt's body is hashed
+// as it streams, and one whose bytes differ fails its last read (its last
+// bytes are held back until the end is seen, so a server that reads the
+// whole body never gets the other payload whole) and marks the operation,
+// which then stops before any other attempt (changed).
+func (o *operation) verified(getBody func() (io.ReadCloser, error), method, url string, h http.Header, fp [32]byte) func() (io.ReadCloser, error) {
+	// The payload headers, as they are now: the caller may change its
+	// request once RoundTrip returns.
+	ph := make(http.Header, len(fingerprint.PayloadHeaders))
+	for _, k := range fingerprint.PayloadHeaders {
+		if v := h.Values(k); len(v) > 0 {
+			ph[k] = slices.Clone(v)
+		}
+	}
+	return func() (io.ReadCloser, error) {
+		rc, err := getBody()
+		if err != nil {
+			return nil, err
+		}
+		return &verifiedBody{rc: rc, br: bufio.NewReader(rc), s: fingerprint.NewStream(method, url, ph), want: fp, o: o}, nil
+	}
+}
+
+// changed reports a body that streamed other bytes than its fingerprint's.
+func (o *operation) changed() error {
+	if !o.bodyChanged.Load() {
+		return nil
+	}
+	return errBodyChanged
+}
+
+// errBodyChanged is the error the last read of a changed body returns.
+var errBodyChanged = fmt.Errorf("%w (it must return the same bytes every time)", ErrBodyChanged)
+
+// verifiedBody is one attempt's body of a request too large to journal,
+// checked against the fingerprint as it streams.
+type verifiedBody struct {
+	rc   io.ReadCloser
+	br   *bufio.Reader
+	s    *fingerprint.Stream
+	want [32]byte
+	o    *operation
+	done bool
+}
+
+func (v *verifiedBody) Read(p []byte) (int, error) {
+	if v.done {
+		return 0, io.EOF
+	}
+	n, err := v.br.Read(p)
+	v.s.Write(p[:n])
+	if err == nil && n > 0 {
+		if _, perr := v.br.Peek(1); perr == io.EOF {
+			err = io.EOF // p[:n] are the last bytes: check before handing them on
+		} else if perr != nil {
+			return n, nil // the next read reports it
+		}
+	}
+	if err != io.EOF {
+		return n, err
+	}
+	v.done = true
+	if v.s.Sum() != v.want {
+		v.o.bodyChanged.Store(true)
+		return 0, errBodyChanged
+	}
+	if n > 0 {
+		return n, nil
+	}
+	return 0, io.EOF
+}
+
+func (v *verifiedBody) Close() error { return v.rc.Close() }

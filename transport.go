@@ -188,7 +188,7 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	}
 	var large func() (io.ReadCloser, error)
 	if rest != nil {
-		large = someBody(req.GetBody)
+		large = o.verified(someBody(req.GetBody), req.Method, jurl, req.Header, fp)
 	}
 	// The key travels in the header the operation was journaled with (a
 	// re-drive of a record from a Client with another key header), never
@@ -273,6 +273,9 @@ type caller interface {
 	// stop ends a call that has no response for the caller and returns
 	// its error.
 	stop(cause, err error) error
+	// changed returns why the call must stop before another attempt, an
+	// error matching ErrBodyChanged, or nil.
+	changed() error
 	// names returns the key and name the log shows for the call.
 	names() (key, name string)
 	// resends returns the http.request.resend_count of the next request
@@ -374,6 +377,12 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		tr = c.tried(ctx, tr)
 		tries += max(tr.writes, 1)
 		resp := tr.resp
+		if err := c.changed(); err != nil {
+			if resp != nil {
+				discard(resp)
+			}
+			return nil, c.stop(ErrBodyChanged, err)
+		}
 
 		if tr.v == success || tr.v == permanent || tr.v == performed {
 			if resp != nil {
@@ -511,6 +520,8 @@ func (u *unkeyed) tried(_ context.Context, tr try) try {
 }
 
 func (u *unkeyed) starting(int) {}
+
+func (u *unkeyed) changed() error { return nil }
 
 func (u *unkeyed) retrying(context.Context, try, time.Duration, string) {}
 
