@@ -2,6 +2,8 @@ package idem
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -167,4 +169,38 @@ func (p Performed) String() string {
 		return "unknown"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// bodyKey returns the string value of body's top-level member field and
+// whether it has one, or an error if body is not a JSON object (or the
+// member is not a string).
+func bodyKey(body []byte, field string) (string, bool, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil || obj == nil {
+		return "", false, fmt.Errorf("the key travels in the JSON body's %s member, and the body is not a JSON object", quote(field))
+	}
+	raw, ok := obj[field]
+	if !ok {
+		return "", false, nil
+	}
+	var k string
+	if err := json.Unmarshal(raw, &k); err != nil {
+		return "", false, fmt.Errorf("the body's %s member is not a string", quote(field))
+	}
+	return k, true, nil
+}
+
+// withBodyKey returns a copy of body, a JSON object without member field,
+// with "field":key as its first member.
+func withBodyKey(body []byte, field, key string) []byte {
+	i := bytes.IndexByte(body, '{') // bodyKey made sure it is an object
+	member, _ := json.Marshal(map[string]string{field: key})
+	member = member[1 : len(member)-1] // "field":"key"
+	out := make([]byte, 0, len(body)+len(member)+1)
+	out = append(out, body[:i+1]...)
+	out = append(out, member...)
+	if rest := bytes.TrimLeft(body[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, body[i+1:]...)
 }

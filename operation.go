@@ -59,6 +59,10 @@ type operation struct {
 	// first request written is then already counted.
 	started int
 	marked  bool // the last attempt's outcome is recorded (recordAttempt)
+	// keyed, for a provider whose key travels in the JSON body
+	// (Provider.BodyKeyField), returns the caller's body with the key
+	// written into it: what is journaled and sent.
+	keyed func(key string) []byte
 	// bodyChanged is set when an attempt's body, too large to journal,
 	// streamed other bytes than its fingerprint's (verified).
 	bodyChanged atomic.Bool
@@ -188,6 +192,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if err := checkReserve(op); err != nil {
 		return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
 	}
+	if o.keyed != nil { // the key travels in the body: journal it there
+		op.Body = o.keyed(op.Key)
+	}
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -232,6 +239,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	}
 	if _, err := j.sendHeader(&rec); err != nil {
 		return fail(ErrNotRetryable, err)
+	}
+	if o.keyed != nil && rec.Key != op.Key { // the body carries the record's key
+		op.Body = o.keyed(rec.Key)
 	}
 	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {

@@ -26,18 +26,13 @@ import (
 // unknown retention (idem's default resend window stays), POST and PATCH
 // keyed, no codes of its own.
 //
-// A provider whose key travels in the request body rather than a header,
-// such as Square (an idempotency_key member in the JSON body of each
-// create call, https://developer.squareup.com/docs/working-with-apis/idempotency,
-// retention not published, IDEMPOTENCY_KEY_REUSED for another payload), is
-// out of reach of a transport: idem cannot put a key into a body without
-// changing the payload it fingerprints, and retries with a fresh key from
-// an SDK would be new payments. For such an API, put your own stable key in
-// the body (one per business action, stored before the first attempt, for
-// example the name you would give WithOperation), and send the request
-// through idem with WithOperation or WithKey carrying that same key: idem
-// then journals the request and resends it byte for byte with the key the
-// body already holds (the key header it adds is ignored by Square).
+// A provider whose key travels in a JSON body member rather than a
+// header, such as Square's idempotency_key, is described by BodyKeyField:
+// idem writes the key into the body before it journals and sends it. One
+// whose key travels inside a GraphQL mutation answered with 200 whatever
+// happened (Braintree's GraphQL API) stays out of reach of a transport:
+// the key is one argument among others, and the answer's status says
+// nothing; journal such calls through your own code.
 type Provider struct {
 	// Name names the provider in errors and logs.
 	Name string
@@ -50,6 +45,17 @@ type Provider struct {
 	// KeyChars lists every byte a key may contain. Empty means any visible
 	// ASCII byte (0x21 to 0x7e).
 	KeyChars string
+	// BodyKeyField, if not empty, names the top-level member of the JSON
+	// object body that carries the key (Square's idempotency_key): idem
+	// writes the key there before the request is journaled and first sent,
+	// so the journaled body, every attempt and every resend carry it, and
+	// fingerprints the body without it (a re-drive with the same payload
+	// matches). A body that holds the member already keeps it: its value
+	// is the request's key, as a key on the header would be (WithKey or
+	// WithOperation must then agree with it). A keyed request whose body
+	// is not a JSON object, or is too large to journal, is refused with
+	// ErrInvalidRequest. The key header is sent too.
+	BodyKeyField string
 	// Retention is how long the provider remembers a key after its first
 	// use. Zero means not published, or indefinite: idem's own resend
 	// window stays. Otherwise WithProvider keeps the resend window below it
@@ -274,6 +280,31 @@ var (
 		Source:     "https://gocardless.com/blog/idempotency-keys/ https://rubydoc.info/gems/gocardless_pro/3.6.0/GoCardlessPro/InvalidStateError https://github.com/gocardless/gocardless-nodejs",
 		Checked:    "2026-12-02",
 		Unverified: "retention; longest key; concurrent answer; key alphabet",
+	}
+
+	// Square is Square's API: the key travels in the JSON body's
+	// idempotency_key member of each create call (BodyKeyField), which
+	// idem writes before the request is journaled and first sent; the
+	// same key with the same request returns the first successful answer,
+	// and with another request an error (IDEMPOTENCY_KEY_REUSED, final).
+	// Square does not publish how long it keeps keys: idem's default
+	// 23-hour window stays. Keys up to 45 characters (CreatePayment's
+	// limit, the shortest we know of; a UUID fits).
+	//
+	// Source: https://developer.squareup.com/docs/working-with-apis/idempotency
+	// and Square's answer on its forum ("We do not publish a retention
+	// period for CreatePayment idempotency keys",
+	// https://developer.squareup.com/forums/t/how-long-are-idempotency-keys-retained-for-the-createpayment-endpoint/28303),
+	// read 2026-12-02. Unverified: the 45-character limit (per endpoint in
+	// Square's API reference, not read here), the status of
+	// IDEMPOTENCY_KEY_REUSED, the answer to a concurrent request, whether
+	// errors are kept.
+	Square = Provider{
+		Name: "Square", BodyKeyField: "idempotency_key", KeyMaxLen: 45,
+		KeyReusedCodes: []string{"IDEMPOTENCY_KEY_REUSED"},
+		Source:         "https://developer.squareup.com/docs/working-with-apis/idempotency https://developer.squareup.com/forums/t/how-long-are-idempotency-keys-retained-for-the-createpayment-endpoint/28303",
+		Checked:        "2026-12-02",
+		Unverified:     "45-character limit; status of IDEMPOTENCY_KEY_REUSED; concurrent answer; whether errors are kept; retention (not published)",
 	}
 
 	// CheckoutCom is Checkout.com's API: Cko-Idempotency-Key, keys kept

@@ -25,6 +25,7 @@ var profiles = map[string]idem.Provider{
 	"StripeV2": idem.StripeV2, "GoCardless": idem.GoCardless, "PayPalOrders": idem.PayPalOrders,
 	"PayPalVault": idem.PayPalVault, "PayPalSubscriptions": idem.PayPalSubscriptions,
 	"PayPalPaymentsV1": idem.PayPalPaymentsV1, "PayPalPaymentsV2": idem.PayPalPaymentsV2,
+	// idem.Square's key travels in the body: TestSquareKeyInTheBody.
 }
 
 // TestProviderProfilesSendTheirHeaderAndKeys sends two payments under each

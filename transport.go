@@ -157,6 +157,11 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	} else {
 		fp = fingerprint.Sum(req.Method, jurl, req.Header, body)
 	}
+	if f := t.cfg.bodyKeyField(); f != "" {
+		if key, src, err = t.keyInBody(o, body, rest != nil, f, key, name, src); err != nil {
+			return nil, &Error{Name: name, Cause: ErrInvalidRequest, Err: err}
+		}
+	}
 	matched := false
 	mk := t.cfg.matchKey(fp, req)
 	if src == keyNew {
@@ -201,6 +206,43 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		h = withoutHeader(h, t.cfg.header)
 	}
 	return t.outgoing(o, req, h, kh, large), nil
+}
+
+// keyInBody prepares a keyed request for a provider whose key travels in
+// the JSON body's member field (Provider.BodyKeyField): a key the body
+// holds already is the request's key (it must agree with WithKey or the
+// header's, and a named operation's key is the journal's, so a name
+// refuses one); otherwise o writes the key chosen into the body before
+// it is journaled (o.keyed). The fingerprint stays the caller's body's.
+func (t *Transport) keyInBody(o *operation, body []byte, large bool, field, key, name string, src keySource) (string, keySource, error) {
+	if large {
+		return "", src, fmt.Errorf("idem: the key travels in the body's %s member, and the body is over the journal's limit", quote(field))
+	}
+	k, has, err := bodyKey(body, field)
+	switch {
+	case err != nil:
+		return "", src, fmt.Errorf("idem: %w", err)
+	case !has:
+		o.keyed = func(key string) []byte { return withBodyKey(body, field, key) }
+		return key, src, nil
+	case name != "":
+		return "", src, fmt.Errorf("idem: the body's %s member holds a key, and the operation %s has its own: give one of them", quote(field), quote(name))
+	case src != keyNew && k != key:
+		return "", src, fmt.Errorf("idem: the body's %s member holds key %s, and the request's key is %s", quote(field), quote(k), quote(key))
+	}
+	if err := t.cfg.checkKey(k); err != nil {
+		return "", src, fmt.Errorf("idem: the body's %s member: %w", quote(field), err)
+	}
+	return k, keyFromHeader, nil
+}
+
+// bodyKeyField returns the member of the JSON body the key travels in,
+// or "".
+func (c *config) bodyKeyField() string {
+	if c.provider == nil {
+		return ""
+	}
+	return c.provider.BodyKeyField
 }
 
 // outgoing returns the request that o's attempts send, the one place it is
