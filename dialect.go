@@ -204,3 +204,24 @@ func withBodyKey(body []byte, field, key string) []byte {
 	}
 	return append(out, body[i+1:]...)
 }
+
+// InProgress reports whether p reads an answer with status, header h and
+// body (its first bytes) as "a request under this key is still being
+// processed": for tools, such as idem check, that judge answers as the
+// Client would.
+func (p Provider) InProgress(status int, h http.Header, body []byte) bool {
+	r, ok := p.read(status, h, body)
+	return ok && r.v == inProgress
+}
+
+// PerformedAnswer reports whether p reads an answer with status, header h
+// and body (its first bytes) as "a request under this key was performed,
+// its answer is not replayed" (Provider.PerformedCodes), and the resource
+// it names.
+func (p Provider) PerformedAnswer(status int, h http.Header, body []byte) (Performed, bool) {
+	r, ok := p.read(status, h, body)
+	if !ok || r.v != performed {
+		return Performed{}, false
+	}
+	return Performed{Resource: r.resource}, true
+}
