@@ -29,7 +29,7 @@ type reading struct {
 // when p says nothing about it. Retry hints come first (Stripe-Should-Retry,
 // Adyen's transient-error); then, for a 4xx, p's codes in the body: a
 // performed code (the request was performed, its answer is not replayed),
-// a key-reused code, an in-progress code. A code is matched as a whole
+// an in-progress code, a key-reused code. A code is matched as a whole
 // JSON string, wherever the provider puts it (code, errorCode, type,
 // errors[].reason, ...).
 func (p *Provider) read(code int, h http.Header, peek []byte) (reading, bool) {
@@ -52,11 +52,14 @@ func (p *Provider) read(code int, h http.Header, peek []byte) (reading, bool) {
 		return reading{v: performed, reason: strconv.Itoa(code) + " performed, answer not kept (" + k + ")",
 			resource: jsonString(peek, p.ResourceField)}, true
 	}
-	if k, ok := p.code(p.KeyReusedCodes, peek); ok {
-		return reading{v: permanent, reason: strconv.Itoa(code) + " key reused (" + k + ")"}, true
-	}
+	// An in-progress code is the more specific: Stripe's in-progress
+	// error carries idempotency_key_in_use with a type that may read
+	// idempotency_error, its key-reused code.
 	if k, ok := p.code(p.InProgressCodes, peek); ok {
 		return reading{v: inProgress, reason: strconv.Itoa(code) + " in progress (" + k + ")"}, true
+	}
+	if k, ok := p.code(p.KeyReusedCodes, peek); ok {
+		return reading{v: permanent, reason: strconv.Itoa(code) + " key reused (" + k + ")"}, true
 	}
 	return reading{}, false
 }
