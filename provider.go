@@ -1,10 +1,8 @@
 package idem
 
 import (
-	"bytes"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -548,26 +546,18 @@ func (c *config) classify(resp *http.Response) (verdict, string) {
 }
 
 // classify reads p's dialect (see read) in a failed answer: its headers,
-// and for a 4xx whose codes p teaches, at most conflictPeek bytes of its
-// body, put back for the caller. It reports false when p says nothing
-// about resp. An answer p reads as performed carries PerformedHeader from
-// here on, with the resource p found.
+// and for a 4xx whose codes p teaches, the body's first bytes (peekBody:
+// bounded in bytes and time, put back for the caller). It reports false
+// when p says nothing about resp. An answer p reads as performed carries
+// PerformedHeader from here on, with the resource p found.
 func (p *Provider) classify(resp *http.Response) (verdict, string, bool) {
 	code := resp.StatusCode
 	if code < 400 {
 		return 0, "", false
 	}
 	var peek []byte
-	if code < 500 && len(p.InProgressCodes)+len(p.KeyReusedCodes)+len(p.PerformedCodes) > 0 && resp.Body != nil && resp.Body != http.NoBody {
-		var err error
-		peek, err = io.ReadAll(io.LimitReader(resp.Body, conflictPeek))
-		resp.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
-		if err != nil {
-			peek = nil
-		}
+	if code < 500 && len(p.InProgressCodes)+len(p.KeyReusedCodes)+len(p.PerformedCodes) > 0 {
+		peek, _ = peekBody(resp) // nil when there is none, or it stalled
 	}
 	r, ok := p.read(code, resp.Header, peek)
 	if !ok {
