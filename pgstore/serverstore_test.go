@@ -169,8 +169,8 @@ func newReplicas(t *testing.T, block bool) *replicas {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"run":%d}`, n)
 	})
-	f.a = idemserver.New(openServerStore(t, dsn, schema)).Required(h)
-	f.b = idemserver.New(openServerStore(t, dsn, schema)).Required(h)
+	f.a = idemserver.New(openServerStore(t, dsn, schema), idemserver.WithSingleTenant()).Required(h)
+	f.b = idemserver.New(openServerStore(t, dsn, schema), idemserver.WithSingleTenant()).Required(h)
 	return f
 }
 
@@ -228,7 +228,7 @@ func TestServerStoreUnreachable(t *testing.T) {
 	p, viaProxy := newProxy(t, dsn)
 	s := openServerStore(t, viaProxy, pgtest.Schema(t, dsn))
 	var runs atomic.Int32
-	h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -269,6 +269,6 @@ func ExampleOpenServerStore() {
 		w.WriteHeader(http.StatusCreated)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
+	mux.Handle("POST /orders", idemserver.New(keys, idemserver.WithSingleTenant()).Required(createOrder))
 	_ = http.ListenAndServe(":8080", mux)
 }

@@ -96,7 +96,7 @@ func TestCheckCommand(t *testing.T) {
 
 	ref := idemtest.NewServer(&charges{})
 	defer ref.Close()
-	mw := idemserver.New(idemserver.NewMemoryStore())
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant())
 	srv := httptest.NewServer(mw.Required(&charges{}))
 	defer srv.Close()
 	keyless := httptest.NewServer(&charges{})
