@@ -121,6 +121,8 @@ type Error struct {
 }
 
 // Error returns a one-line description with the key, attempts and causes.
+// A URL in Err's text is shown as RedactURL shows it; Err itself is left
+// as it was.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("idem: ")
@@ -144,8 +146,10 @@ func (e *Error) Error() string {
 	b.WriteString(")")
 	if e.Err != nil {
 		b.WriteString(": ")
-		msg := e.Err.Error()
-		if e.Cause != nil { // an Err that wraps Cause would say it twice
+		// A *url.Error quotes the URL with its query; an Err that wraps
+		// Cause would say it twice.
+		msg := secrets.redactText(e.Err.Error())
+		if e.Cause != nil {
 			msg = strings.TrimPrefix(msg, e.Cause.Error()+": ")
 		}
 		b.WriteString(msg)

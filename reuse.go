@@ -70,8 +70,8 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	}
 	n, same := 0, shared != nil
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
-			redacted = redacted || c.secret[ck]
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
+			redacted = redacted || c.isSecretHeader(ck)
 			continue
 		}
 		n++
@@ -86,7 +86,7 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	out = make(http.Header, n)
 	var sum uint64 // of the entries, in no order
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
 			continue
 		}
 		out[k] = v
