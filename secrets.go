@@ -201,6 +201,35 @@ func isSchemeByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'
 }
 
+// redirectRequest returns req, a request net/http's client made to follow
+// a redirect, without the secret headers when it goes to another host
+// (host and port) than the first request of its chain: net/http strips
+// only Authorization, Cookie and WWW-Authenticate, and only for another
+// domain, so an X-Api-Key would reach wherever a provider, or a proxy
+// in between, redirects. The request is copied, not changed.
+func (c *config) redirectRequest(req *http.Request) *http.Request {
+	first := req
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	if strings.EqualFold(first.URL.Host, req.URL.Host) {
+		return req
+	}
+	var out *http.Request
+	for k := range req.Header {
+		if c.isSecretHeader(http.CanonicalHeaderKey(k)) {
+			if out == nil {
+				out = req.Clone(req.Context())
+			}
+			delete(out.Header, k)
+		}
+	}
+	if out == nil {
+		return req
+	}
+	return out
+}
+
 // RedactURL returns raw as idem shows a URL: user info as
 // REDACTED:REDACTED, the values of DefaultSecretQueryParams and of the
 // parameters named in more (matched without regard to case) as REDACTED,
