@@ -78,10 +78,12 @@
 //
 // # Fleets and the server side
 //
-// The journal is a KeyStore: the bbolt file (Open), the memory store, the
-// PostgreSQL store of module github.com/idemgo/idem/pgstore for replicas
-// that share one journal, or your own; package storetest checks any of them
-// against the contract. Package idemserver is the server half: middleware
+// The journal is a KeyStore: the bbolt file (Open, package boltjournal),
+// the memory store, the PostgreSQL store of module
+// github.com/idemgo/idem/pgstore for replicas that share one journal, or
+// your own; the contract is package idemstore's (for store authors: this
+// package's KeyStore, Operation and the like are aliases of its names),
+// and package storetest checks any store against it. Package idemserver is the server half: middleware
 // that makes handlers idempotent for the keys your clients send.
 //
 // The package idemtest provides a reference idempotent server with fault

@@ -8,11 +8,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/idemgo/idem/internal/keys"
 )
 
-// Context keys.
+// Context keys. WithKey's is internal/keys', so that idemserver's Step
+// sets it without importing the client.
 type (
-	keyContext       struct{}
+	keyContext       = keys.Context
 	operationContext struct{}
 	noKeyContext     struct{}
 )
@@ -107,22 +110,12 @@ func newKey() (string, error) {
 
 // maxKeyLen and maxNameLen bound keys and operation names.
 const (
-	maxKeyLen  = 255
+	maxKeyLen  = keys.MaxLen
 	maxNameLen = 1024
 )
 
 // validKey checks that k can be sent as a header value and stored.
-func validKey(k string) error {
-	if k == "" || len(k) > maxKeyLen {
-		return fmt.Errorf("key must be 1 to %d bytes, got %d", maxKeyLen, len(k))
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < 0x21 || k[i] > 0x7e {
-			return fmt.Errorf("key has a byte 0x%02x at offset %d that is not visible ASCII", k[i], i)
-		}
-	}
-	return nil
-}
+func validKey(k string) error { return keys.Check(k) }
 
 // otherHeaderKey returns a value of the key header (in any spelling) other
 // than k, or "": a request with two keys is refused, not sent with one.

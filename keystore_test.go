@@ -2,7 +2,6 @@ package idem_test
 
 import (
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,25 +12,6 @@ import (
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, storetest.Config{
 		Open: func(t *testing.T) idem.KeyStore { return idem.NewMemoryStore() },
-	})
-}
-
-func TestBoltStoreConformance(t *testing.T) {
-	paths := map[idem.KeyStore]string{}
-	open := func(t *testing.T, path string) idem.KeyStore {
-		s, err := idem.OpenBoltStore(path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		paths[s] = path
-		return s
-	}
-	storetest.Run(t, storetest.Config{
-		Open: func(t *testing.T) idem.KeyStore { return open(t, filepath.Join(t.TempDir(), "journal.db")) },
-		Reopen: func(t *testing.T, closed idem.KeyStore) idem.KeyStore {
-			return open(t, paths[closed])
-		},
 	})
 }
 
@@ -56,12 +36,4 @@ func mustReserve(t *testing.T, s idem.KeyStore, op idem.Operation) idem.Operatio
 		t.Fatalf("Reserve(%s): created=%v err=%v, want a new record", op.Key, created, err)
 	}
 	return rec
-}
-
-func keys(ops []idem.Operation) []string {
-	var ks []string
-	for _, op := range ops {
-		ks = append(ks, op.Key)
-	}
-	return ks
 }

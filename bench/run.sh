@@ -21,7 +21,7 @@ mkdir -p "$OUT"
   echo "# nproc $(nproc); $(uname -srm)"
   echo "# disk of \$TMPDIR: $(df -P "${TMPDIR:-/tmp}" | awk 'NR==2 {print $1}') rotational=$(cat /sys/block/"$(basename "$(df -P "${TMPDIR:-/tmp}" | awk 'NR==2 {print $1}')")"/queue/rotational 2>/dev/null || echo '?')"
   echo "# idem at $(git -C .. rev-parse --short HEAD)$(git -C .. status --porcelain -- ':!bench' ':!BENCHMARKS.md' | grep -q . && echo ' + uncommitted changes')"
-  if [ -f ../boltstore.go ]; then echo "# boltstore.go sha256 $(sha256sum ../boltstore.go | cut -c1-16) ($(git -C .. ls-files --error-unmatch boltstore.go > /dev/null 2>&1 && echo committed || echo uncommitted))"; fi
+  if [ -f ../boltjournal/boltstore.go ]; then echo "# boltjournal/boltstore.go sha256 $(sha256sum ../boltjournal/boltstore.go | cut -c1-16) ($(git -C .. ls-files --error-unmatch boltjournal/boltstore.go > /dev/null 2>&1 && echo committed || echo uncommitted))"; fi
   echo "# load before: $(cat /proc/loadavg)"
 } | tee "$OUT/machine.txt"
 

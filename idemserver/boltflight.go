@@ -11,7 +11,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // flights are a BoltStore's keys in flight, kept in memory: only one
@@ -183,7 +183,7 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	}
 	if s.f.Broken() {
 		// Fail closed: the answer could not be stored.
-		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idem.ErrJournalCorrupt)
+		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idemstore.ErrJournalCorrupt)
 	}
 	if s.gone.Load() {
 		// A commit found the path naming another file, or none: every

@@ -8,7 +8,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 )
 
@@ -31,7 +31,7 @@ func (s *BoltStore) load() error {
 		c := tx.Bucket(bucketRecords).Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
 			if len(k) < 8 {
-				return fmt.Errorf("%w: a record key of %d bytes", idem.ErrJournalCorrupt, len(k))
+				return fmt.Errorf("%w: a record key of %d bytes", idemstore.ErrJournalCorrupt, len(k))
 			}
 			// Keys are in expiry order: a later record of the same id
 			// (there is none, unless the file was damaged) wins.

@@ -12,7 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/boltfile"
 	"github.com/idemgo/idem/internal/codec"
 	"github.com/idemgo/idem/internal/groupcommit"
@@ -137,9 +137,9 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 
 // storeErrors are the sentinels the store file's errors match.
 var storeErrors = boltfile.Errors{
-	Locked:  idem.ErrJournalLocked,
-	Corrupt: idem.ErrJournalCorrupt,
-	Write:   idem.ErrJournalWrite,
+	Locked:  idemstore.ErrJournalLocked,
+	Corrupt: idemstore.ErrJournalCorrupt,
+	Write:   idemstore.ErrJournalWrite,
 	Closed:  ErrClosed,
 }
 
@@ -153,9 +153,9 @@ func checkFormat(f []byte) error {
 		// stored answers, which a client's retry within the retention
 		// would still find. Refused, not read.
 		return fmt.Errorf("%w: store format %q of an earlier idemserver, without checksums: "+
-			"wait until its retention has passed, then delete the file or open another path", idem.ErrJournalCorrupt, f)
+			"wait until its retention has passed, then delete the file or open another path", idemstore.ErrJournalCorrupt, f)
 	}
-	return fmt.Errorf("%w: store format %q, want %q", idem.ErrJournalCorrupt, f, metaFormat)
+	return fmt.Errorf("%w: store format %q, want %q", idemstore.ErrJournalCorrupt, f, metaFormat)
 }
 
 // write runs fn in the next group commit and waits until it is durable.
@@ -164,21 +164,21 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 		return ErrClosed
 	}
 	err := s.w.Do(ctx, fn)
-	if err != nil && errors.Is(err, idem.ErrJournalWrite) && s.f.StillNamed() != nil {
+	if err != nil && errors.Is(err, idemstore.ErrJournalWrite) && s.f.StillNamed() != nil {
 		// Removed or renamed over: a new key's Begin, which reads no
 		// transaction, must not hand out keys whose answers cannot be
 		// stored (see Begin).
 		s.gone.Store(true)
 	}
 	switch {
-	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, idem.ErrJournalCorrupt), errors.Is(err, idem.ErrJournalWrite):
+	case err == nil, errors.Is(err, ErrLockLost), errors.Is(err, idemstore.ErrJournalCorrupt), errors.Is(err, idemstore.ErrJournalWrite):
 		return err
 	case errors.Is(err, groupcommit.ErrClosed):
 		return ErrClosed
 	case ctx.Err() != nil && errors.Is(err, context.Cause(ctx)):
 		return err
 	}
-	return fmt.Errorf("%w: %w", idem.ErrJournalWrite, err)
+	return fmt.Errorf("%w: %w", idemstore.ErrJournalWrite, err)
 }
 
 // read runs fn in a read-only transaction.
@@ -248,7 +248,7 @@ func (s *BoltStore) Close() error {
 			rerr = s.f.StillNamed()
 		}
 	} else {
-		rerr = fmt.Errorf("%w: it was found damaged or replaced while open; responses stored since may be lost", idem.ErrJournalCorrupt)
+		rerr = fmt.Errorf("%w: it was found damaged or replaced while open; responses stored since may be lost", idemstore.ErrJournalCorrupt)
 	}
 	if rerr != nil {
 		rerr = fmt.Errorf("idemserver: close store: %w", rerr)
@@ -287,7 +287,7 @@ func get(tx *bolt.Tx, id string, exp uint64) (*record, error) {
 		err = fmt.Errorf("expiry %d under the key of expiry %d", r.expires.UnixNano(), exp)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: record %s: %w", idem.ErrJournalCorrupt, id, err)
+		return nil, fmt.Errorf("%w: record %s: %w", idemstore.ErrJournalCorrupt, id, err)
 	}
 	return r, nil
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/keys"
 )
 
 // keyContext is the context key of the keyInfo of the request being served.
@@ -60,7 +60,7 @@ func Step(ctx context.Context, step string) context.Context {
 	if !ok {
 		return ctx
 	}
-	return idem.WithKey(ctx, k)
+	return context.WithValue(ctx, keys.Context{}, k) // idem.WithKey(ctx, k)
 }
 
 // JSONEventID returns an EventID that reads the string member field of the

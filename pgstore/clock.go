@@ -7,15 +7,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 var (
-	_ idem.Clock       = (*Store)(nil)
-	_ idem.PolicyStore = (*Store)(nil)
+	_ idemstore.Clock       = (*Store)(nil)
+	_ idemstore.PolicyStore = (*Store)(nil)
 )
 
-// Now implements idem.Clock: it returns the database's clock
+// Now implements idemstore.Clock: it returns the database's clock
 // (clock_timestamp(), to the microsecond), the one clock every replica's
 // leases are judged by. A Client measures its offset to it, so the times
 // it passes to the store (Lease.At and Until, Created, Updated, Sweep's
@@ -33,29 +33,29 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return time.UnixMicro(us), nil
 }
 
-// Policy implements idem.PolicyStore.
-func (s *Store) Policy(ctx context.Context) (idem.Policy, error) {
+// Policy implements idemstore.PolicyStore.
+func (s *Store) Policy(ctx context.Context) (idemstore.Policy, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.check(ctx); err != nil {
-		return idem.Policy{}, err
+		return idemstore.Policy{}, err
 	}
-	var p idem.Policy
+	var p idemstore.Policy
 	var resend, retention, match int64
 	err := s.pool.QueryRow(ctx, s.q.policy).Scan(&p.KeyHeader, &resend, &retention, &match)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return idem.Policy{}, nil
+		return idemstore.Policy{}, nil
 	case err != nil:
-		return idem.Policy{}, dbError("policy", "", err)
+		return idemstore.Policy{}, dbError("policy", "", err)
 	}
 	p.ResendWindow, p.Retention, p.MatchWindow = time.Duration(resend), time.Duration(retention), time.Duration(match)
 	return p, nil
 }
 
-// SetPolicy implements idem.PolicyStore. It returns once PostgreSQL
+// SetPolicy implements idemstore.PolicyStore. It returns once PostgreSQL
 // committed the policy.
-func (s *Store) SetPolicy(ctx context.Context, p idem.Policy) error {
+func (s *Store) SetPolicy(ctx context.Context, p idemstore.Policy) error {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.check(ctx); err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // ErrPermission is returned when PostgreSQL refuses the store's role a
@@ -15,7 +15,7 @@ import (
 // the first time, or reading and writing them later. At Open and New it
 // is the error's only sentinel, so that it is not taken for a database
 // that cannot be reached; from the KeyStore's methods it also matches
-// idem.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
+// idemstore.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
 var ErrPermission = errors.New("pgstore: permission denied")
 
 // sqlState returns the SQLSTATE of a PostgreSQL error in err, or "".
@@ -63,12 +63,12 @@ func dbError(what, key string, err error) error {
 		what += " " + key
 	}
 	if sqlState(err) == "42501" {
-		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idem.ErrJournalWrite, err)
+		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idemstore.ErrJournalWrite, err)
 	}
-	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
+	return fmt.Errorf("pgstore: %s: %w: %w", what, idemstore.ErrJournalWrite, err)
 }
 
 // unknownError wraps the error of a change whose answer was lost.
 func unknownError(what, key string, err error) error {
-	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idem.ErrOutcomeUnknown, err)
+	return fmt.Errorf("pgstore: %s %s: the change may be committed: %w: %w", what, key, idemstore.ErrOutcomeUnknown, err)
 }

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // histEntry is one attempt of the history column, a JSON array.
@@ -19,19 +19,19 @@ type histEntry struct {
 // encodeEntry returns a as one entry of the history column. The journal
 // passes text without NUL bytes; one that slipped through would make
 // PostgreSQL refuse the JSON (jsonb has no \u0000), so it becomes U+FFFD.
-func encodeEntry(a idem.Attempt) ([]byte, error) {
+func encodeEntry(a idemstore.Attempt) ([]byte, error) {
 	e := entryOf(a)
 	e.Err, e.Reason = strings.ReplaceAll(e.Err, "\x00", "\uFFFD"), strings.ReplaceAll(e.Reason, "\x00", "\uFFFD")
 	return json.Marshal(e)
 }
 
 // entryOf returns a as an entry of the history column, its text as it is.
-func entryOf(a idem.Attempt) histEntry {
+func entryOf(a idemstore.Attempt) histEntry {
 	return histEntry{At: nanos(a.At), Sent: a.Sent, Status: a.Status, Err: a.Err, Reason: a.Reason}
 }
 
 // encodeHistory returns h as the history column, or nil (NULL) for none.
-func encodeHistory(h []idem.Attempt) ([]byte, error) {
+func encodeHistory(h []idemstore.Attempt) ([]byte, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
@@ -43,7 +43,7 @@ func encodeHistory(h []idem.Attempt) ([]byte, error) {
 }
 
 // decodeHistory reads the history column; NULL and [] are no history.
-func decodeHistory(b []byte) ([]idem.Attempt, error) {
+func decodeHistory(b []byte) ([]idemstore.Attempt, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
@@ -54,9 +54,9 @@ func decodeHistory(b []byte) ([]idem.Attempt, error) {
 	if len(es) == 0 {
 		return nil, nil
 	}
-	h := make([]idem.Attempt, len(es))
+	h := make([]idemstore.Attempt, len(es))
 	for i, e := range es {
-		h[i] = idem.Attempt{At: fromNanos(e.At), Sent: e.Sent, Status: e.Status, Err: e.Err, Reason: e.Reason}
+		h[i] = idemstore.Attempt{At: fromNanos(e.At), Sent: e.Sent, Status: e.Status, Err: e.Err, Reason: e.Reason}
 	}
 	return h, nil
 }

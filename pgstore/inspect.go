@@ -6,10 +6,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
-var _ idem.Inspector = (*Store)(nil)
+var _ idemstore.Inspector = (*Store)(nil)
 
 // inspectSQL returns a select of whole rows, without their replayable
 // requests (header and body read as NULL), followed by where.
@@ -29,28 +29,28 @@ func (s *Store) inspectSQL(where string) string {
 	return "SELECT " + string(sel) + " FROM " + pgx.Identifier{s.schema, "operations"}.Sanitize() + " " + where
 }
 
-// Named implements idem.Inspector: the record of an operation name, of
+// Named implements idemstore.Inspector: the record of an operation name, of
 // any state, without its replayable request.
-func (s *Store) Named(ctx context.Context, name string) (idem.Operation, error) {
+func (s *Store) Named(ctx context.Context, name string) (idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
-		return idem.Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	ops, err := s.collect(ctx, "named", s.inspectSQL("WHERE name = $1"), name)
 	switch {
 	case len(ops) == 0 && err == nil:
-		return idem.Operation{}, fmt.Errorf("pgstore: no operation named %q: %w", name, idem.ErrNotFound)
+		return idemstore.Operation{}, fmt.Errorf("pgstore: no operation named %q: %w", name, idemstore.ErrNotFound)
 	case err != nil:
-		return idem.Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	return ops[0], nil
 }
 
-// Walk implements idem.Inspector: up to limit records of any state with
+// Walk implements idemstore.Inspector: up to limit records of any state with
 // keys after after, in key order, without their replayable requests. A
 // row it cannot read is returned as Pending returns one.
-func (s *Store) Walk(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
+func (s *Store) Walk(ctx context.Context, after string, limit int) ([]idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
-var _ idem.KeyStore = (*Store)(nil)
+var _ idemstore.KeyStore = (*Store)(nil)
 
 // recordVersion is the row format this package writes and reads.
 const recordVersion = 1
@@ -28,7 +28,7 @@ const reserveTries = 4
 // check returns an error if ctx is done or the store is closed.
 func (s *Store) check(ctx context.Context) error {
 	if s.closed.Load() {
-		return idem.ErrClosed
+		return idemstore.ErrClosed
 	}
 	return ctx.Err()
 }
@@ -37,7 +37,7 @@ func (s *Store) check(ctx context.Context) error {
 // within ctx, for the accepted marks still waiting to be written, so that
 // reads see them and later changes apply after them. When they cannot be
 // written in time, neither can this call's change: it fails with
-// idem.ErrJournalWrite.
+// idemstore.ErrJournalWrite.
 func (s *Store) ready(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
@@ -157,24 +157,24 @@ func (r *row) dest() []any {
 }
 
 // operation checks the row and returns it as an Operation. A row it cannot
-// read is an error matching idem.ErrRecordVersion (a newer format) or
-// idem.ErrJournalCorrupt.
-func (r *row) operation() (idem.Operation, error) {
+// read is an error matching idemstore.ErrRecordVersion (a newer format) or
+// idemstore.ErrJournalCorrupt.
+func (r *row) operation() (idemstore.Operation, error) {
 	if r.version > recordVersion {
-		return idem.Operation{}, fmt.Errorf("pgstore: record %s has version %d, this version reads %d: %w",
-			r.key, r.version, recordVersion, idem.ErrRecordVersion)
+		return idemstore.Operation{}, fmt.Errorf("pgstore: record %s has version %d, this version reads %d: %w",
+			r.key, r.version, recordVersion, idemstore.ErrRecordVersion)
 	}
 	corrupt := func(what string) error {
-		return fmt.Errorf("pgstore: record %s: %s: %w", r.key, what, idem.ErrJournalCorrupt)
+		return fmt.Errorf("pgstore: record %s: %s: %w", r.key, what, idemstore.ErrJournalCorrupt)
 	}
 	if r.version < 1 {
-		return idem.Operation{}, corrupt(fmt.Sprintf("version %d", r.version))
+		return idemstore.Operation{}, corrupt(fmt.Sprintf("version %d", r.version))
 	}
-	st := idem.State(r.state)
-	if r.state < 1 || r.state > 255 || (st != idem.StatePending && !st.Finished()) {
-		return idem.Operation{}, corrupt(fmt.Sprintf("state %d", r.state))
+	st := idemstore.State(r.state)
+	if r.state < 1 || r.state > 255 || (st != idemstore.StatePending && !st.Finished()) {
+		return idemstore.Operation{}, corrupt(fmt.Sprintf("state %d", r.state))
 	}
-	op := idem.Operation{
+	op := idemstore.Operation{
 		Key: r.key, KeyHeader: r.keyHeader, Method: r.method, URL: r.url, Host: r.host, State: st,
 		Attempts: int(r.attempts), LastStatus: int(r.lastStatus), LastError: r.lastError,
 		Created: fromNanos(r.created), Updated: fromNanos(r.updated),
@@ -185,39 +185,39 @@ func (r *row) operation() (idem.Operation, error) {
 		op.Name = *r.name
 	}
 	if len(r.fingerprint) != len(op.Fingerprint) {
-		return idem.Operation{}, corrupt(fmt.Sprintf("fingerprint of %d bytes", len(r.fingerprint)))
+		return idemstore.Operation{}, corrupt(fmt.Sprintf("fingerprint of %d bytes", len(r.fingerprint)))
 	}
 	copy(op.Fingerprint[:], r.fingerprint)
 	var err error
 	if op.History, err = decodeHistory(r.history); err != nil {
-		return idem.Operation{}, corrupt("history")
+		return idemstore.Operation{}, corrupt("history")
 	}
 	if r.header != nil {
 		if op.Header, err = decodeHeader(r.header); err != nil || op.Header == nil {
-			return idem.Operation{}, corrupt("header")
+			return idemstore.Operation{}, corrupt("header")
 		}
 	}
 	return op, nil
 }
 
-// Reserve implements idem.KeyStore. It is one statement: an insert that
+// Reserve implements idemstore.KeyStore. It is one statement: an insert that
 // does nothing on a conflict with the key or the name, and a select of the
 // row that conflicted. It returns once PostgreSQL committed the new row.
 // Reservations made at the same moment share a round trip and a commit
 // (see reserver).
-func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation, bool, error) {
+func (s *Store) Reserve(ctx context.Context, op idemstore.Operation) (idemstore.Operation, bool, error) {
 	ctx, cancel := s.bind(ctx, reserveTimeout)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
-		return idem.Operation{}, false, err
+		return idemstore.Operation{}, false, err
 	}
 	header, err := encodeHeader(op.Header)
 	if err != nil {
-		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
+		return idemstore.Operation{}, false, fmt.Errorf("pgstore: reserve %s: header: %w", op.Key, err)
 	}
 	history, err := encodeHistory(op.History)
 	if err != nil {
-		return idem.Operation{}, false, fmt.Errorf("pgstore: reserve %s: history: %w", op.Key, err)
+		return idemstore.Operation{}, false, fmt.Errorf("pgstore: reserve %s: history: %w", op.Key, err)
 	}
 	id := s.reserveIDs.Add(1)
 	if s.skew != 0 {
@@ -240,9 +240,9 @@ func (s *Store) Reserve(ctx context.Context, op idem.Operation) (idem.Operation,
 // reserveOne is Reserve's statement, run on its own. doubt says that an
 // earlier try may have committed the row. A try whose answer was lost is
 // made again: it finds the row if the lost one committed it. When no try
-// answers, the error matches idem.ErrOutcomeUnknown if one may have been
-// carried out, and idem.ErrJournalWrite if none was.
-func (s *Store) reserveOne(ctx context.Context, op idem.Operation, id int64, args []any, doubt bool) (idem.Operation, bool, error) {
+// answers, the error matches idemstore.ErrOutcomeUnknown if one may have been
+// carried out, and idemstore.ErrJournalWrite if none was.
+func (s *Store) reserveOne(ctx context.Context, op idemstore.Operation, id int64, args []any, doubt bool) (idemstore.Operation, bool, error) {
 	last := errors.New("the conflicting row kept changing")
 	for try := range reserveTries {
 		if try > 0 && doubt && !sleep(ctx, time.Duration(try)*markRetryMin) {
@@ -275,9 +275,9 @@ func (s *Store) reserveOne(ctx context.Context, op idem.Operation, id int64, arg
 		last = fmt.Errorf("%w: %w", cause, last)
 	}
 	if doubt {
-		return idem.Operation{}, false, unknownError("reserve", op.Key, last)
+		return idemstore.Operation{}, false, unknownError("reserve", op.Key, last)
 	}
-	return idem.Operation{}, false, dbError("reserve", op.Key, last)
+	return idemstore.Operation{}, false, dbError("reserve", op.Key, last)
 }
 
 // sleep waits d, or until ctx ends, and reports whether d passed.
@@ -296,7 +296,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // from the row its statement returned. A row that this store wrote for
 // this very reservation (its incarnation and id) is the row of an earlier
 // try whose answer was lost: it is reported created.
-func (s *Store) reserved(op idem.Operation, id int64, r *row, created bool) (idem.Operation, bool, error) {
+func (s *Store) reserved(op idemstore.Operation, id int64, r *row, created bool) (idemstore.Operation, bool, error) {
 	if created || r.reserveID == id && r.incarnation == s.incarnation && r.key == op.Key {
 		return op, true, nil // shares op.Header and op.Body, as the contract allows
 	}
@@ -304,25 +304,25 @@ func (s *Store) reserved(op idem.Operation, id int64, r *row, created bool) (ide
 	return rec, false, err
 }
 
-// Get implements idem.KeyStore.
-func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
+// Get implements idemstore.KeyStore.
+func (s *Store) Get(ctx context.Context, key string) (idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
-		return idem.Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	var r row
 	err := s.pool.QueryRow(ctx, s.q.get, key).Scan(r.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return idem.Operation{}, fmt.Errorf("pgstore: get %s: %w", key, idem.ErrNotFound)
+		return idemstore.Operation{}, fmt.Errorf("pgstore: get %s: %w", key, idemstore.ErrNotFound)
 	}
 	if err != nil {
-		return idem.Operation{}, dbError("get", key, err)
+		return idemstore.Operation{}, dbError("get", key, err)
 	}
 	return r.operation()
 }
 
-// Attempt implements idem.KeyStore. It returns once PostgreSQL took the
+// Attempt implements idemstore.KeyStore. It returns once PostgreSQL took the
 // change, committed asynchronously (see the package documentation), or,
 // if it could not within ctx or 2 seconds, once the change is queued in
 // this process: it is then written in the background, and a crash of
@@ -330,14 +330,14 @@ func (s *Store) Get(ctx context.Context, key string) (idem.Operation, error) {
 // every store keeps it (valid UTF-8, no NUL, at most 2 KiB); a mark whose
 // text PostgreSQL refuses anyway is written once more without it. The same
 // statement appends the attempt to the row's history (a jsonb array),
-// keeping the newest idem.MaxHistory.
+// keeping the newest idemstore.MaxHistory.
 //
 // Attempt and Finish change only a pending row that a.Owner (o.Owner)
 // holds through this very Store: the same owner name in another
 // incarnation (a restarted process) that took the row over is another
 // holder, as for Renew. A mark that changes nothing on a row that exists
-// returns nil and is logged at Info with its key (idem.KeyStore.Attempt).
-func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
+// returns nil and is logged at Info with its key (idemstore.KeyStore.Attempt).
+func (s *Store) Attempt(ctx context.Context, key string, a idemstore.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -349,14 +349,14 @@ func (s *Store) Attempt(ctx context.Context, key string, a idem.Attempt) error {
 		args: []any{key, int64(a.Sent), int32(a.Status), a.Err, nanos(a.At), string(entry), a.Owner, s.incarnation}})
 }
 
-// Finish implements idem.KeyStore, with Attempt's durability: when it
+// Finish implements idemstore.KeyStore, with Attempt's durability: when it
 // returns nil the outcome is committed (asynchronously) or, if PostgreSQL
 // did not take it within ctx or 2 seconds, held in this process's memory
 // and written as soon as PostgreSQL takes it. A crash of this process in
 // that time loses the outcome: the operation is still pending, and
 // Resume, on any replica, sends it again under its key, so the provider
 // replays its answer; the caller's response was delivered already.
-func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
+func (s *Store) Finish(ctx context.Context, key string, o idemstore.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -364,8 +364,8 @@ func (s *Store) Finish(ctx context.Context, key string, o idem.Outcome) error {
 		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At), o.URL, o.Owner, s.incarnation}})
 }
 
-// Pending implements idem.KeyStore.
-func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idem.Operation, error) {
+// Pending implements idemstore.KeyStore.
+func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
@@ -384,13 +384,13 @@ func limitArg(limit int) any {
 // collect runs a query of whole rows. A row it cannot read is returned with
 // only its key and, in LastError, why; its error is joined into the
 // result's.
-func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]idem.Operation, error) {
+func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]idemstore.Operation, error) {
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, dbError(what, "", err)
 	}
 	defer rows.Close()
-	var ops []idem.Operation
+	var ops []idemstore.Operation
 	var bad []error
 	for rows.Next() {
 		var r row
@@ -399,7 +399,7 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 		}
 		op, err := r.operation()
 		if err != nil {
-			op = idem.Operation{Key: r.key, LastError: err.Error()}
+			op = idemstore.Operation{Key: r.key, LastError: err.Error()}
 			bad = append(bad, err)
 		}
 		ops = append(ops, op)
@@ -410,7 +410,7 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 	return ops, errors.Join(bad...)
 }
 
-// Sweep implements idem.KeyStore.
+// Sweep implements idemstore.KeyStore.
 // It deletes in chunks of opSweepChunk rows, each one statement bounded as
 // every call is, so that a large sweep makes progress and a stalled one
 // ends.
@@ -443,7 +443,7 @@ const opSweepChunk = 10000
 // LastChange returns when the journal last changed: the latest Updated of
 // its records, as the replicas' clocks wrote it, or the zero time for an
 // empty journal. A Client reads it when it opens the store, so that a clock
-// set ahead does not sweep records away (see idem.KeyStore).
+// set ahead does not sweep records away (see idemstore.KeyStore).
 func (s *Store) LastChange(ctx context.Context) (time.Time, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()

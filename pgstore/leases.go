@@ -10,46 +10,46 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // Leases: who may send a pending operation (see the package
 // documentation on the database's clock and incarnations).
 
-// Acquire implements idem.KeyStore.
+// Acquire implements idemstore.KeyStore.
 // An Acquire whose answer was lost returns an error matching
-// idem.ErrOutcomeUnknown: the record may be pending under l now.
-func (s *Store) Acquire(ctx context.Context, key string, l idem.Lease, req idem.Request) (idem.Operation, error) {
+// idemstore.ErrOutcomeUnknown: the record may be pending under l now.
+func (s *Store) Acquire(ctx context.Context, key string, l idemstore.Lease, req idemstore.Request) (idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, reserveTimeout)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
-		return idem.Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	h, err := encodeHeader(req.Header)
 	if err != nil {
-		return idem.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
+		return idemstore.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
 	l = s.skewed(l)
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return idem.Operation{}, dbError("acquire", key, err)
+		return idemstore.Operation{}, dbError("acquire", key, err)
 	}
 	var r row
 	err = conn.QueryRow(ctx, s.q.acquire, key, l.Owner, nanos(l.Until), nanos(l.At), h, req.Body, nanos(l.At), s.incarnation, req.URL).Scan(r.dest()...)
 	conn.Release()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return idem.Operation{}, s.whyNot(ctx, "acquire", key, idem.ErrInProgress)
+		return idemstore.Operation{}, s.whyNot(ctx, "acquire", key, idemstore.ErrInProgress)
 	case maybeSent(err):
-		return idem.Operation{}, unknownError("acquire", key, err)
+		return idemstore.Operation{}, unknownError("acquire", key, err)
 	case err != nil:
-		return idem.Operation{}, dbError("acquire", key, err)
+		return idemstore.Operation{}, dbError("acquire", key, err)
 	}
 	return r.operation()
 }
 
 // whyNot explains why a lease change matched no row: there is none
-// (idem.ErrNotFound), or refused, naming the state or the holder.
+// (idemstore.ErrNotFound), or refused, naming the state or the holder.
 func (s *Store) whyNot(ctx context.Context, what, key string, refused error) error {
 	var state int16
 	var owner, inc string
@@ -57,11 +57,11 @@ func (s *Store) whyNot(ctx context.Context, what, key string, refused error) err
 	err := s.pool.QueryRow(ctx, s.q.leaseOf, key).Scan(&state, &owner, &until, &inc)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("pgstore: %s %s: %w", what, key, idem.ErrNotFound)
+		return fmt.Errorf("pgstore: %s %s: %w", what, key, idemstore.ErrNotFound)
 	case err != nil:
 		return dbError(what, key, err)
-	case idem.State(state) != idem.StatePending:
-		return fmt.Errorf("pgstore: %s %s: operation is %s: %w", what, key, idem.State(state), refused)
+	case idemstore.State(state) != idemstore.StatePending:
+		return fmt.Errorf("pgstore: %s %s: operation is %s: %w", what, key, idemstore.State(state), refused)
 	}
 	if owner == "" || inc != s.incarnation {
 		inc = "another incarnation"
@@ -75,11 +75,11 @@ func (s *Store) whyNot(ctx context.Context, what, key string, refused error) err
 // is the least bound of one that extends it.
 const renewBound = 5 * time.Second
 
-// Renew implements idem.KeyStore. It gives up, with an error, within a
+// Renew implements idemstore.KeyStore. It gives up, with an error, within a
 // third of the lease it asks for (and within renewBound of a release),
 // so that a renewal that cannot be made never runs into the next one or
 // past the lease, whatever ctx's deadline.
-func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
+func (s *Store) Renew(ctx context.Context, key string, l idemstore.Lease) error {
 	ctx, cancel := s.bind(ctx, max(l.Until.Sub(l.At)/3, renewBound))
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
@@ -91,18 +91,18 @@ func (s *Store) Renew(ctx context.Context, key string, l idem.Lease) error {
 		return dbError("renew", key, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return s.whyNot(ctx, "renew", key, idem.ErrLeaseLost)
+		return s.whyNot(ctx, "renew", key, idemstore.ErrLeaseLost)
 	}
 	return nil
 }
 
-// Claim implements idem.KeyStore. It is one statement: a select of the
+// Claim implements idemstore.KeyStore. It is one statement: a select of the
 // claimable rows FOR UPDATE SKIP LOCKED and an update of their lease.
 // Rows of a newer format than this package reads are left alone, never
 // leased, for the newer replicas that can send them (Pending still lists
 // them as unreadable); a Claim that starts a walk (after "") logs how many
 // there are, once each time that number changes.
-func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int) ([]idem.Operation, error) {
+func (s *Store) Claim(ctx context.Context, l idemstore.Lease, after string, limit int) ([]idemstore.Operation, error) {
 	ctx, cancel := s.bind(ctx, 0)
 	defer cancel()
 	if err := s.ready(ctx); err != nil {
@@ -114,13 +114,13 @@ func (s *Store) Claim(ctx context.Context, l idem.Lease, after string, limit int
 	}
 	ops, err := s.collect(ctx, "claim", s.q.claim, after, l.Owner, nanos(l.At), limitArg(limit), nanos(l.Until), s.incarnation, recordVersion)
 	// UPDATE ... RETURNING returns rows in no particular order.
-	slices.SortFunc(ops, func(a, b idem.Operation) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(ops, func(a, b idemstore.Operation) int { return strings.Compare(a.Key, b.Key) })
 	return ops, err
 }
 
 // skewed returns l moved by the store's test skew (see export_test.go):
 // the times a Client whose clock is that far off would pass.
-func (s *Store) skewed(l idem.Lease) idem.Lease {
+func (s *Store) skewed(l idemstore.Lease) idemstore.Lease {
 	if s.skew != 0 {
 		l.At, l.Until = l.At.Add(s.skew), l.Until.Add(s.skew)
 	}

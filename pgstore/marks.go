@@ -12,13 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // mark is an Attempt or Finish: one statement and its arguments.
 type mark struct {
 	what, key, sql string
-	owner          string // the mark's owner (idem.Attempt.Owner): "" marks any row
+	owner          string // the mark's owner (idemstore.Attempt.Owner): "" marks any row
 	args           []any
 	text           int  // index in args of the free text, repaired if PostgreSQL refuses the mark
 	repaired       bool // its text was replaced once already
@@ -105,14 +105,14 @@ func signal(c chan struct{}) {
 }
 
 // write queues m and waits for it as the type says. It returns nil once m
-// is written or accepted, an error matching idem.ErrNotFound for a key
-// with no record, and one matching idem.ErrClosed after close.
+// is written or accepted, an error matching idemstore.ErrNotFound for a key
+// with no record, and one matching idemstore.ErrClosed after close.
 func (w *markWriter) write(ctx context.Context, m mark) error {
 	q := &queuedMark{mark: m, done: make(chan struct{})}
 	w.mu.Lock()
 	if w.stopped {
 		w.mu.Unlock()
-		return fmt.Errorf("pgstore: %s %s: %w", m.what, m.key, idem.ErrClosed)
+		return fmt.Errorf("pgstore: %s %s: %w", m.what, m.key, idemstore.ErrClosed)
 	}
 	w.queue = append(w.queue, q)
 	w.queued++
@@ -156,9 +156,9 @@ func (w *markWriter) ready(ctx context.Context) error {
 			w.mu.Lock()
 			err := w.lastErr
 			w.mu.Unlock()
-			return fmt.Errorf("pgstore: %d accepted changes not yet written: %w: %w", n, idem.ErrJournalWrite, err)
+			return fmt.Errorf("pgstore: %d accepted changes not yet written: %w: %w", n, idemstore.ErrJournalWrite, err)
 		case <-ctx.Done():
-			return fmt.Errorf("pgstore: %d accepted changes not yet written: %w: %w", n, idem.ErrJournalWrite, context.Cause(ctx))
+			return fmt.Errorf("pgstore: %d accepted changes not yet written: %w: %w", n, idemstore.ErrJournalWrite, context.Cause(ctx))
 		}
 	}
 }
@@ -235,7 +235,7 @@ func (w *markWriter) send(batch []*queuedMark) error {
 				bad, badErr = i, err
 			}
 		case tag.RowsAffected() == 0: // a mark for a key that is gone changes nothing
-			results[i] = fmt.Errorf("pgstore: %s %s: %w", q.what, q.key, idem.ErrNotFound)
+			results[i] = fmt.Errorf("pgstore: %s %s: %w", q.what, q.key, idemstore.ErrNotFound)
 		}
 	}
 	cerr := br.Close()
@@ -254,9 +254,9 @@ func (w *markWriter) send(batch []*queuedMark) error {
 }
 
 // unheld sorts out the marks of batch, written, that changed nothing
-// (results[i] matches idem.ErrNotFound): a mark with an owner whose row
+// (results[i] matches idemstore.ErrNotFound): a mark with an owner whose row
 // exists changed nothing because the owner lost it (another owner took
-// it, or it was finished): not an error (idem.KeyStore.Attempt), logged
+// it, or it was finished): not an error (idemstore.KeyStore.Attempt), logged
 // at Info. If the check itself fails, such marks are taken as unheld too:
 // their change is refused by the row either way.
 func (w *markWriter) unheld(ctx context.Context, batch []*queuedMark, results []error) {
@@ -334,11 +334,11 @@ func (w *markWriter) refused(q *queuedMark, err error) {
 	}
 	w.mu.Unlock()
 	w.log.Error("pgstore: dropped a mark PostgreSQL refuses", "idem.key", q.key, "mark", q.what, "err", err)
-	q.finish(w, fmt.Errorf("pgstore: %s %s: refused by PostgreSQL, dropped: %w: %w", q.what, q.key, idem.ErrJournalWrite, err))
+	q.finish(w, fmt.Errorf("pgstore: %s %s: refused by PostgreSQL, dropped: %w: %w", q.what, q.key, idemstore.ErrJournalWrite, err))
 }
 
 // drain waits, within ctx, until the queue is empty, and returns an error
-// matching idem.ErrJournalWrite if it is not. New marks are refused from
+// matching idemstore.ErrJournalWrite if it is not. New marks are refused from
 // now on.
 func (w *markWriter) drain(ctx context.Context) error {
 	w.mu.Lock()
@@ -355,7 +355,7 @@ func (w *markWriter) drain(ctx context.Context) error {
 		select {
 		case <-progress:
 		case <-ctx.Done():
-			return fmt.Errorf("%d accepted changes not written: %w", n, idem.ErrJournalWrite)
+			return fmt.Errorf("%d accepted changes not written: %w", n, idemstore.ErrJournalWrite)
 		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // columns are an operation row's columns in the order scanRow reads them.
@@ -70,7 +70,7 @@ func newQueries(schema string, dbClock bool) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{maxHistory}", strconv.Itoa(idem.MaxHistory), "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{maxHistory}", strconv.Itoa(idemstore.MaxHistory), "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // Bounds of a group of reservations.
@@ -33,7 +33,7 @@ const (
 // A caller waits for its group within its own context. If the context
 // ends while the reservation is still queued, nothing was sent for it; if
 // it ends once the group was sent, the row may be committed and the caller
-// says so (idem.ErrOutcomeUnknown). A group whose callers all left is
+// says so (idemstore.ErrOutcomeUnknown). A group whose callers all left is
 // cancelled.
 //
 // A group is all or nothing. If it fails (the server is away, a deadlock
@@ -63,7 +63,7 @@ const (
 // reservation is one Reserve waiting for its group.
 type reservation struct {
 	ctx   context.Context
-	op    idem.Operation
+	op    idemstore.Operation
 	id    int64
 	args  []any
 	state atomic.Int32
@@ -71,7 +71,7 @@ type reservation struct {
 }
 
 type reserveResult struct {
-	rec     idem.Operation
+	rec     idemstore.Operation
 	created bool
 	err     error
 	alone   bool // not decided by the group: run the statement alone
@@ -85,13 +85,13 @@ func newReserver(s *Store) *reserver {
 }
 
 // do queues a reservation and waits for its group's result, within ctx.
-func (r *reserver) do(ctx context.Context, op idem.Operation, id int64, args []any) reserveResult {
+func (r *reserver) do(ctx context.Context, op idemstore.Operation, id int64, args []any) reserveResult {
 	rv := &reservation{ctx: ctx, op: op, id: id, args: args, res: make(chan reserveResult, 1)}
 	r.mu.Lock()
 	select {
 	case <-r.stop:
 		r.mu.Unlock()
-		return reserveResult{err: fmt.Errorf("pgstore: reserve %s: %w", op.Key, idem.ErrClosed)}
+		return reserveResult{err: fmt.Errorf("pgstore: reserve %s: %w", op.Key, idemstore.ErrClosed)}
 	default:
 	}
 	r.queue = append(r.queue, rv)
@@ -109,7 +109,7 @@ func (r *reserver) do(ctx context.Context, op idem.Operation, id int64, args []a
 	}
 	cause := context.Cause(ctx)
 	if rv.state.CompareAndSwap(rvQueued, rvLeft) {
-		return reserveResult{err: fmt.Errorf("pgstore: reserve %s: not sent: %w: %w", op.Key, idem.ErrJournalWrite, cause)}
+		return reserveResult{err: fmt.Errorf("pgstore: reserve %s: not sent: %w: %w", op.Key, idemstore.ErrJournalWrite, cause)}
 	}
 	return reserveResult{err: unknownError("reserve", op.Key, cause)}
 }
@@ -121,7 +121,7 @@ func (r *reserver) run() {
 		case <-r.stop:
 			r.mu.Lock()
 			for _, rv := range r.queue {
-				rv.res <- reserveResult{err: fmt.Errorf("pgstore: reserve %s: %w", rv.op.Key, idem.ErrClosed)}
+				rv.res <- reserveResult{err: fmt.Errorf("pgstore: reserve %s: %w", rv.op.Key, idemstore.ErrClosed)}
 			}
 			r.queue = nil
 			r.mu.Unlock()

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemserver"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // ServerStore is an idemserver.Store on PostgreSQL: the inbound keys of
@@ -44,10 +44,10 @@ import (
 // stored answer.
 //
 // Failures: every error from PostgreSQL (unreachable, restarted, a
-// terminated connection) matches idem.ErrJournalWrite and wraps pgx's
+// terminated connection) matches idemstore.ErrJournalWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
 // closed); an error caused by the caller's context is returned as it is.
-// A row that cannot be read matches idem.ErrJournalCorrupt. The
+// A row that cannot be read matches idemstore.ErrJournalCorrupt. The
 // middleware bounds each call with its store timeout; bound connection
 // attempts with connect_timeout in the DSN too.
 //
@@ -79,7 +79,7 @@ var _ idemserver.TxStore = (*ServerStore)(nil)
 // key=value string, as pgxpool.ParseConfig takes), creates or migrates
 // the store's schema, and returns the ServerStore. Close closes the
 // connection pool. An unreachable database gives an error matching
-// idem.ErrJournalWrite.
+// idemstore.ErrJournalWrite.
 func OpenServerStore(ctx context.Context, dsn string, opts ...Option) (*ServerStore, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -87,7 +87,7 @@ func OpenServerStore(ctx context.Context, dsn string, opts ...Option) (*ServerSt
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: connect: %w: %w", idem.ErrJournalWrite, err)
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
 	}
 	s, err := NewServerStore(ctx, pool, opts...)
 	if err != nil {
@@ -109,7 +109,7 @@ func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*S
 	if c.schema == "" {
 		return nil, errors.New("pgstore: empty schema name")
 	}
-	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
+	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
 	}
 	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema)}, nil
@@ -221,7 +221,7 @@ func (s *ServerStore) fail(ctx context.Context, what string, err error) error {
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", what, idemserver.ErrClosed)
 	}
-	return fmt.Errorf("pgstore: %s: %w: %w", what, idem.ErrJournalWrite, err)
+	return fmt.Errorf("pgstore: %s: %w: %w", what, idemstore.ErrJournalWrite, err)
 }
 
 // Begin implements idemserver.Store.
@@ -261,12 +261,12 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 		if header != nil {
 			var err error
 			if resp.Header, err = decodeHeader(header); err != nil {
-				return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: stored header: %w: %w", b.ID, idem.ErrJournalCorrupt, err)
+				return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: stored header: %w: %w", b.ID, idemstore.ErrJournalCorrupt, err)
 			}
 		}
 		return idemserver.Claim{State: idemserver.StateDone, Response: resp}, nil
 	}
-	return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the key changed under %d tries: %w", b.ID, beginTries, idem.ErrJournalWrite)
+	return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the key changed under %d tries: %w", b.ID, beginTries, idemstore.ErrJournalWrite)
 }
 
 // held runs the statement q on the in-flight row id held under token;

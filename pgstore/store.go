@@ -1,5 +1,5 @@
 // Package pgstore keeps idem's state on PostgreSQL, shared by every replica
-// of a fleet: Store is an idem.KeyStore (the client's journal of outbound
+// of a fleet: Store is an idemstore.KeyStore (the client's journal of outbound
 // operations), and ServerStore is an idemserver.Store (the inbound keys of
 // idempotent handlers, so that a retry that lands on another replica is
 // replayed). Both live in one schema and may share one pool.
@@ -31,7 +31,7 @@
 // Leases are judged by one clock, the database's: every lease change takes
 // PostgreSQL's clock_timestamp() as its now and lasts Until − At from
 // then, so a replica whose clock is off (or whose Client's offset to the
-// database's clock, idem.Clock, is stale) neither takes a live lease nor
+// database's clock, idemstore.Clock, is stale) neither takes a live lease nor
 // misses a lapsed one. A lease is held by an owner name and the Store that
 // took it (its incarnation, a random id per Open or New): a restarted
 // process with the same owner name, or a second one while the first still
@@ -65,26 +65,26 @@
 // stays pending and is sent again under its key. Reads and changes of this
 // store wait for the held marks first (within their context, failing at
 // once while PostgreSQL does not take them), and Close makes every mark
-// durable or returns an error matching idem.ErrJournalWrite. A mark
+// durable or returns an error matching idemstore.ErrJournalWrite. A mark
 // PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is written
 // without its error text, or, refused again, dropped and logged
 // (WithLogger); it never holds back the marks after it. Error texts are
 // written as given: the journal passes them as valid UTF-8 without NUL
-// bytes, at most 2 KiB (see idem.KeyStore).
+// bytes, at most 2 KiB (see idemstore.KeyStore).
 //
 // Failures (ServerStore's are stated on its type): every error from
 // PostgreSQL — unreachable, restarted, terminated connections, a read that
-// failed — matches idem.ErrJournalWrite and wraps pgx's error; one that
+// failed — matches idemstore.ErrJournalWrite and wraps pgx's error; one that
 // refuses the role a privilege also matches ErrPermission. Reserve fails
 // closed: the transport sends nothing, and the store works again as soon
 // as the pool reaches the server. A Reserve whose statement went out and
 // whose answer was lost (a connection cut after it was sent, a deadline
 // that passed while PostgreSQL had it) is tried again on another
 // connection, which finds the row if the lost try committed it; if no try
-// answers, the error matches idem.ErrOutcomeUnknown, not
-// idem.ErrJournalWrite: the key may be journaled, and the operation is in
+// answers, the error matches idemstore.ErrOutcomeUnknown, not
+// idemstore.ErrJournalWrite: the key may be journaled, and the operation is in
 // doubt. An Acquire whose answer was lost is not tried again: its error
-// matches idem.ErrOutcomeUnknown at once. Every call runs under its
+// matches idemstore.ErrOutcomeUnknown at once. Every call runs under its
 // context and at most 30 seconds, whatever the context's deadline (a
 // Renew, a third of its lease; a Sweep, each chunk of rows it deletes),
 // and Close returns within 15 seconds whatever the database does.
@@ -118,7 +118,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // DefaultSchema is the PostgreSQL schema the store's tables live in unless
@@ -149,7 +149,7 @@ func WithSchema(name string) Option {
 	return func(c *config) { c.schema = name }
 }
 
-// Store is an idem.KeyStore on PostgreSQL. It is safe for concurrent use by
+// Store is an idemstore.KeyStore on PostgreSQL. It is safe for concurrent use by
 // many goroutines and by many processes sharing one database.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -183,7 +183,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: connect: %w: %w", idem.ErrJournalWrite, err)
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
 	}
 	s, err := New(ctx, pool, opts...)
 	if err != nil {
@@ -204,7 +204,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.schema == "" {
 		return nil, errors.New("pgstore: empty schema name")
 	}
-	if err := migrate(ctx, pool, c.schema, idem.ErrJournalWrite); err != nil {
+	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
 	}
 	if c.log == nil {
@@ -225,12 +225,12 @@ const closeTimeout = 15 * time.Second
 // closes the pool if Open made it. It returns within 15 seconds whatever
 // PostgreSQL does: if PostgreSQL has not taken the changes by then, Close
 // cancels every statement of the store still running and returns an error
-// matching idem.ErrJournalWrite: those changes may be lost. Later calls
+// matching idemstore.ErrJournalWrite: those changes may be lost. Later calls
 // of every method, Close included, return an error matching
-// idem.ErrClosed.
+// idemstore.ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
-		return fmt.Errorf("pgstore: close: %w", idem.ErrClosed)
+		return fmt.Errorf("pgstore: close: %w", idemstore.ErrClosed)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
@@ -242,7 +242,7 @@ func (s *Store) Close() error {
 	if err != nil {
 		err = fmt.Errorf("pgstore: close: %w", err)
 	} else if err = retry(wctx, s.barrier); err != nil {
-		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idem.ErrJournalWrite, err)
+		err = fmt.Errorf("pgstore: close: flushing asynchronous commits: %w: %w", idemstore.ErrJournalWrite, err)
 	}
 	s.cancel() // ends every statement still running, so their connections return to the pool
 	s.marks.close()

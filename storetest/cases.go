@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // tests are the contract tests. A test that needs a capability the store
@@ -42,7 +42,7 @@ var tests = []struct {
 		op.Name = "pay:kh"
 		same(t, "Reserve", h.reserve(t, op), op)
 		same(t, "Get", h.get(t, "k1"), op)
-		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, At: base.Add(time.Second)})
+		h.finish(t, "k1", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, At: base.Add(time.Second)})
 		if got := h.get(t, "k1"); got.KeyHeader != op.KeyHeader {
 			t.Fatalf("KeyHeader after Finish = %q, want %q", got.KeyHeader, op.KeyHeader)
 		}
@@ -82,7 +82,7 @@ var tests = []struct {
 			t.Fatalf("Reserve with a known name: created=%v err=%v", created, err)
 		}
 		same(t, "Reserve by name", got, op)
-		if _, err := h.s.Get(t.Context(), "k2"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := h.s.Get(t.Context(), "k2"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("Get(k2) = %v, want ErrNotFound: a name has one key", err)
 		}
 		other := NewOperation("k3")
@@ -91,7 +91,7 @@ var tests = []struct {
 	}},
 	{"Reserve keeps a finished record as given", func(t T, h *harness) {
 		op := NewOperation("k1")
-		op.State, op.LastStatus = idem.StateFailed, 0
+		op.State, op.LastStatus = idemstore.StateFailed, 0
 		op.LastError = "not sent"
 		op.URL = "https://api.example.com/v1/charges"
 		op.Owner, op.LeaseUntil = "", time.Time{}
@@ -170,9 +170,9 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		a1 := idem.Attempt{Sent: 1, Err: "connection reset", Reason: "network error", At: base.Add(time.Second)}
-		a2 := idem.Attempt{Sent: 2, Status: 503, Reason: "503", At: base.Add(2 * time.Second)}
-		for _, a := range []idem.Attempt{a1, a2} {
+		a1 := idemstore.Attempt{Sent: 1, Err: "connection reset", Reason: "network error", At: base.Add(time.Second)}
+		a2 := idemstore.Attempt{Sent: 2, Status: 503, Reason: "503", At: base.Add(2 * time.Second)}
+		for _, a := range []idemstore.Attempt{a1, a2} {
 			if err := h.s.Attempt(ctx, "k1", a); err != nil {
 				t.Fatal(err)
 			}
@@ -180,9 +180,9 @@ var tests = []struct {
 		want := op
 		want.Attempts, want.LastStatus = 3, 503
 		want.Updated = base.Add(2 * time.Second)
-		want.History = []idem.Attempt{a1, a2}
+		want.History = []idemstore.Attempt{a1, a2}
 		same(t, "after two Attempts", h.get(t, "k1"), want)
-		if err := h.s.Attempt(ctx, "nope", idem.Attempt{Sent: 1}); !errors.Is(err, idem.ErrNotFound) {
+		if err := h.s.Attempt(ctx, "nope", idemstore.Attempt{Sent: 1}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Attempt(unknown) = %v, want ErrNotFound", err)
 		}
 	}},
@@ -192,7 +192,7 @@ var tests = []struct {
 		op.Name = "pay:1"
 		op.URL += "#receipt"
 		h.reserve(t, op)
-		a := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
+		a := idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
 		if err := h.s.Attempt(ctx, "k1", a); err != nil {
 			t.Fatal(err)
 		}
@@ -200,22 +200,22 @@ var tests = []struct {
 		// writes the one it is given, here one that no store could derive
 		// from the record's own.
 		finished := "https://api.example.com/v1/charges/(finished)"
-		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, URL: finished, At: base.Add(2 * time.Second)})
+		h.finish(t, "k1", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1, URL: finished, At: base.Add(2 * time.Second)})
 		got := h.get(t, "k1")
 		want := op
-		want.State, want.Attempts, want.LastStatus = idem.StateSucceeded, 2, 201
+		want.State, want.Attempts, want.LastStatus = idemstore.StateSucceeded, 2, 201
 		want.Updated = base.Add(2 * time.Second)
 		want.Header, want.Body = nil, nil
 		want.URL = finished
-		want.History = []idem.Attempt{a} // kept by Finish
-		want.LeaseUntil = got.LeaseUntil // checked below
+		want.History = []idemstore.Attempt{a} // kept by Finish
+		want.LeaseUntil = got.LeaseUntil      // checked below
 		same(t, "finished", got, want)
 		if got.LeaseUntil.After(base.Add(2 * time.Second)) {
 			t.Errorf("LeaseUntil = %v after Finish, want the lease ended", got.LeaseUntil)
 		}
 		ops, err := h.s.Pending(ctx, "", 0)
 		wantKeys(t, "Pending after Finish", ops, err)
-		if err := h.s.Finish(ctx, "nope", idem.Outcome{State: idem.StateFailed}); !errors.Is(err, idem.ErrNotFound) {
+		if err := h.s.Finish(ctx, "nope", idemstore.Outcome{State: idemstore.StateFailed}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Finish(unknown) = %v, want ErrNotFound", err)
 		}
 	}},
@@ -232,7 +232,7 @@ var tests = []struct {
 		l := lease("owner-b", later, time.Hour)
 		ops, err := h.s.Claim(ctx, l, "", 1)
 		wantKeys(t, "Claim by owner-b after owner-a's lease lapsed", ops, err, "k1")
-		if _, err := h.s.Acquire(ctx, "k2", l, idem.Request{}); err != nil {
+		if _, err := h.s.Acquire(ctx, "k2", l, idemstore.Request{}); err != nil {
 			t.Fatalf("Acquire by owner-b after owner-a's lease lapsed: %v", err)
 		}
 		for _, k := range []string{"k1", "k2"} {
@@ -240,11 +240,11 @@ var tests = []struct {
 			if taken.Owner != "owner-b" {
 				t.Fatalf("%s: owner %q after owner-b took it", k, taken.Owner)
 			}
-			late := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(time.Second), Owner: "owner-a"}
+			late := idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(time.Second), Owner: "owner-a"}
 			if err := h.s.Attempt(ctx, k, late); err != nil {
 				t.Fatalf("%s: owner-a's late Attempt = %v, want nil (it changes nothing)", k, err)
 			}
-			if err := h.s.Finish(ctx, k, idem.Outcome{State: idem.StateFailed, Status: 503, Sent: 1, URL: idem.TrimQuery(taken.URL), At: later.Add(2 * time.Second), Owner: "owner-a"}); err != nil {
+			if err := h.s.Finish(ctx, k, idemstore.Outcome{State: idemstore.StateFailed, Status: 503, Sent: 1, URL: idemstore.TrimQuery(taken.URL), At: later.Add(2 * time.Second), Owner: "owner-a"}); err != nil {
 				t.Fatalf("%s: owner-a's late Finish = %v, want nil (it changes nothing)", k, err)
 			}
 			same(t, k+": after owner-a's late marks, owner-b's record", h.get(t, k), taken)
@@ -253,25 +253,25 @@ var tests = []struct {
 				t.Fatalf("%s: Pending after owner-a's late Finish = %v, %v: want it still pending", k, keysOf(ops), err)
 			}
 			// B's own marks apply, and its outcome stands.
-			mine := idem.Attempt{Sent: 1, Status: 502, Reason: "502", At: later.Add(3 * time.Second), Owner: "owner-b"}
+			mine := idemstore.Attempt{Sent: 1, Status: 502, Reason: "502", At: later.Add(3 * time.Second), Owner: "owner-b"}
 			if err := h.s.Attempt(ctx, k, mine); err != nil {
 				t.Fatal(err)
 			}
-			h.finish(t, k, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, URL: idem.TrimQuery(taken.URL), At: later.Add(4 * time.Second), Owner: "owner-b"})
+			h.finish(t, k, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1, URL: idemstore.TrimQuery(taken.URL), At: later.Add(4 * time.Second), Owner: "owner-b"})
 			done := h.get(t, k)
 			want := taken
-			want.State, want.Attempts, want.LastStatus = idem.StateSucceeded, 2, 201
-			want.URL, want.Header, want.Body = idem.TrimQuery(taken.URL), nil, nil
+			want.State, want.Attempts, want.LastStatus = idemstore.StateSucceeded, 2, 201
+			want.URL, want.Header, want.Body = idemstore.TrimQuery(taken.URL), nil, nil
 			want.Updated, want.LeaseUntil = later.Add(4*time.Second), done.LeaseUntil
-			want.History = []idem.Attempt{{Sent: 1, Status: 502, Reason: "502", At: mine.At}}
+			want.History = []idemstore.Attempt{{Sent: 1, Status: 502, Reason: "502", At: mine.At}}
 			same(t, k+": owner-b's finished record", done, want)
 			// A finished record is not changed by a later mark, from the
 			// owner that lost it or the one that finished it.
 			for _, owner := range []string{"owner-a", "owner-b"} {
-				if err := h.s.Attempt(ctx, k, idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(5 * time.Second), Owner: owner}); err != nil {
+				if err := h.s.Attempt(ctx, k, idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: later.Add(5 * time.Second), Owner: owner}); err != nil {
 					t.Fatalf("%s: %s's Attempt on the finished record = %v, want nil", k, owner, err)
 				}
-				if err := h.s.Finish(ctx, k, idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, URL: want.URL, At: later.Add(6 * time.Second), Owner: owner}); err != nil {
+				if err := h.s.Finish(ctx, k, idemstore.Outcome{State: idemstore.StateFailed, Status: 500, Sent: 1, URL: want.URL, At: later.Add(6 * time.Second), Owner: owner}); err != nil {
 					t.Fatalf("%s: %s's Finish of the finished record = %v, want nil", k, owner, err)
 				}
 				same(t, k+": the finished record after "+owner+"'s later marks", h.get(t, k), done)
@@ -282,10 +282,10 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		h.finish(t, "k1", idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, URL: idem.TrimQuery(op.URL), At: base.Add(time.Second)})
+		h.finish(t, "k1", idemstore.Outcome{State: idemstore.StateFailed, Status: 500, Sent: 1, URL: idemstore.TrimQuery(op.URL), At: base.Add(time.Second)})
 		hdr := http.Header{"Content-Type": {"application/json"}, "X-Again": {"1"}}
 		l := lease("owner-b", base.Add(time.Minute), time.Minute)
-		req := idem.Request{URL: op.URL, Header: hdr, Body: []byte("body2")}
+		req := idemstore.Request{URL: op.URL, Header: hdr, Body: []byte("body2")}
 		got, err := h.s.Acquire(ctx, "k1", l, req)
 		if err != nil {
 			t.Fatal(err)
@@ -299,7 +299,7 @@ var tests = []struct {
 		same(t, "Get after Acquire", h.get(t, "k1"), want)
 		ops, err := h.s.Pending(ctx, "", 0)
 		wantKeys(t, "Pending after Acquire", ops, err, "k1")
-		if _, err := h.s.Acquire(ctx, "nope", l, idem.Request{}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := h.s.Acquire(ctx, "nope", l, idemstore.Request{}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("Acquire(unknown) = %v, want ErrNotFound", err)
 		}
 	}},
@@ -309,12 +309,12 @@ var tests = []struct {
 		op := NewOperation("k1")
 		op.Owner, op.LeaseUntil = "owner-a", now.Add(time.Minute)
 		h.reserve(t, op)
-		if _, err := h.s.Acquire(ctx, "k1", lease("owner-b", now, time.Minute), idem.Request{}); !errors.Is(err, idem.ErrInProgress) {
+		if _, err := h.s.Acquire(ctx, "k1", lease("owner-b", now, time.Minute), idemstore.Request{}); !errors.Is(err, idemstore.ErrInProgress) {
 			t.Fatalf("Acquire under another's live lease = %v, want ErrInProgress", err)
 		}
 		same(t, "after a refused Acquire", h.get(t, "k1"), op)
 		// The owner itself may acquire again.
-		mine, err := h.s.Acquire(ctx, "k1", lease("owner-a", now, 2*time.Minute), idem.Request{})
+		mine, err := h.s.Acquire(ctx, "k1", lease("owner-a", now, 2*time.Minute), idemstore.Request{})
 		if err != nil {
 			t.Fatalf("Acquire by the owner: %v", err)
 		}
@@ -324,7 +324,7 @@ var tests = []struct {
 		same(t, "Acquire by the owner keeps the request", mine, want)
 		// After the lease lapsed, anyone may.
 		later := now.Add(3 * time.Minute)
-		got, err := h.s.Acquire(ctx, "k1", lease("owner-b", later, time.Minute), idem.Request{})
+		got, err := h.s.Acquire(ctx, "k1", lease("owner-b", later, time.Minute), idemstore.Request{})
 		if err != nil {
 			t.Fatalf("Acquire after the lease lapsed: %v", err)
 		}
@@ -344,21 +344,21 @@ var tests = []struct {
 		if got := h.get(t, "k1").LeaseUntil; !got.Equal(now.Add(5 * time.Minute)) {
 			t.Fatalf("LeaseUntil = %v after Renew, want %v", got, now.Add(5*time.Minute))
 		}
-		if err := h.s.Renew(ctx, "k1", lease("owner-b", now, time.Hour)); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := h.s.Renew(ctx, "k1", lease("owner-b", now, time.Hour)); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("Renew by another owner = %v, want ErrLeaseLost", err)
 		}
 		// Releasing: a lease until its own start lets others take it at once.
 		if err := h.s.Renew(ctx, "k1", lease("owner-a", now, 0)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := h.s.Acquire(ctx, "k1", lease("owner-b", now.Add(time.Millisecond), time.Minute), idem.Request{}); err != nil {
+		if _, err := h.s.Acquire(ctx, "k1", lease("owner-b", now.Add(time.Millisecond), time.Minute), idemstore.Request{}); err != nil {
 			t.Fatalf("Acquire after release: %v", err)
 		}
-		h.finish(t, "k1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: now.Add(time.Second)})
-		if err := h.s.Renew(ctx, "k1", lease("owner-b", now, time.Hour)); !errors.Is(err, idem.ErrLeaseLost) {
+		h.finish(t, "k1", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200, Sent: 1, At: now.Add(time.Second)})
+		if err := h.s.Renew(ctx, "k1", lease("owner-b", now, time.Hour)); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("Renew of a finished operation = %v, want ErrLeaseLost", err)
 		}
-		if err := h.s.Renew(ctx, "nope", lease("owner-b", now, time.Hour)); !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrLeaseLost) {
+		if err := h.s.Renew(ctx, "nope", lease("owner-b", now, time.Hour)); !errors.Is(err, idemstore.ErrNotFound) && !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("Renew(unknown) = %v, want ErrNotFound or ErrLeaseLost", err)
 		}
 	}},
@@ -367,7 +367,7 @@ var tests = []struct {
 		for _, k := range []string{"c", "a", "e", "b", "d", "f"} {
 			h.reserve(t, NewOperation(k))
 		}
-		h.finish(t, "d", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Second)})
+		h.finish(t, "d", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Second)})
 		var got []string
 		after := ""
 		for range 10 {
@@ -382,7 +382,7 @@ var tests = []struct {
 				break
 			}
 			for _, op := range ops {
-				if op.State != idem.StatePending || len(op.Body) == 0 {
+				if op.State != idemstore.StatePending || len(op.Body) == 0 {
 					t.Fatalf("Pending returned %s in state %v with body %q", op.Key, op.State, op.Body)
 				}
 			}
@@ -494,8 +494,8 @@ var tests = []struct {
 			op.Name = "name-" + k
 			h.reserve(t, op)
 		}
-		h.finish(t, "old1", idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Minute)})
-		h.finish(t, "old2", idem.Outcome{State: idem.StateExpired, At: base.Add(2 * time.Minute)})
+		h.finish(t, "old1", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200, Sent: 1, At: base.Add(time.Minute)})
+		h.finish(t, "old2", idemstore.Outcome{State: idemstore.StateExpired, At: base.Add(2 * time.Minute)})
 		if n, err := h.s.Sweep(ctx, base.Add(time.Minute)); err != nil || n != 0 {
 			t.Fatalf("Sweep with a cutoff at the first finish = %d, %v; want 0", n, err)
 		}
@@ -503,7 +503,7 @@ var tests = []struct {
 			t.Fatalf("Sweep = %d, %v; want 2", n, err)
 		}
 		for _, k := range []string{"old1", "old2"} {
-			if _, err := h.s.Get(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+			if _, err := h.s.Get(ctx, k); !errors.Is(err, idemstore.ErrNotFound) {
 				t.Errorf("Get(%s) after Sweep = %v, want ErrNotFound", k, err)
 			}
 		}
@@ -522,15 +522,15 @@ var tests = []struct {
 		}
 	}},
 	{"a PolicyStore keeps the policy", func(t T, h *harness) {
-		ps, ok := h.s.(idem.PolicyStore)
+		ps, ok := h.s.(idemstore.PolicyStore)
 		if !ok {
 			t.Skip("storetest: the store is no idem.PolicyStore")
 		}
 		ctx := t.Context()
-		if p, err := ps.Policy(ctx); err != nil || p != (idem.Policy{}) {
+		if p, err := ps.Policy(ctx); err != nil || p != (idemstore.Policy{}) {
 			t.Fatalf("Policy of a new store = %+v, %v; want the zero Policy and no error", p, err)
 		}
-		want := idem.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 47 * time.Hour, Retention: 48 * time.Hour, MatchWindow: 2 * time.Minute}
+		want := idemstore.Policy{KeyHeader: "PayPal-Request-Id", ResendWindow: 47 * time.Hour, Retention: 48 * time.Hour, MatchWindow: 2 * time.Minute}
 		if err := ps.SetPolicy(ctx, want); err != nil {
 			t.Fatal(err)
 		}
@@ -551,12 +551,12 @@ var tests = []struct {
 			t.Fatal(err)
 		}
 		h.s = h.Reopen(h.tt, h.s)
-		if p, err := h.s.(idem.PolicyStore).Policy(ctx); err != nil || p != want {
+		if p, err := h.s.(idemstore.PolicyStore).Policy(ctx); err != nil || p != want {
 			t.Fatalf("Policy after reopening = %+v, %v; want %+v", p, err, want)
 		}
 	}},
 	{"an Inspector finds records by name and walks every state", func(t T, h *harness) {
-		in, ok := h.s.(idem.Inspector)
+		in, ok := h.s.(idemstore.Inspector)
 		if !ok {
 			t.Skip("storetest: the store is no idem.Inspector")
 		}
@@ -566,12 +566,12 @@ var tests = []struct {
 			op.Name = "pay:" + k
 			h.reserve(t, op)
 		}
-		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
+		h.finish(t, "b", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
 		got, err := in.Named(ctx, "pay:b")
-		if err != nil || got.Key != "b" || got.State != idem.StateSucceeded {
+		if err != nil || got.Key != "b" || got.State != idemstore.StateSucceeded {
 			t.Fatalf("Named(pay:b) = %s %v, %v; want b, succeeded", got.Key, got.State, err)
 		}
-		if _, err := in.Named(ctx, "pay:none"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := in.Named(ctx, "pay:none"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("Named of an unknown name = %v, want ErrNotFound", err)
 		}
 		ops, err := in.Walk(ctx, "", 0)
@@ -588,9 +588,9 @@ var tests = []struct {
 		ctx := t.Context()
 		op := NewOperation("k1")
 		h.reserve(t, op)
-		var all []idem.Attempt
-		for i := range idem.MaxHistory + 3 {
-			a := idem.Attempt{Sent: 1, Status: 500 + i%5, Reason: fmt.Sprintf("reason %d", i), At: base.Add(time.Duration(i+1) * time.Second)}
+		var all []idemstore.Attempt
+		for i := range idemstore.MaxHistory + 3 {
+			a := idemstore.Attempt{Sent: 1, Status: 500 + i%5, Reason: fmt.Sprintf("reason %d", i), At: base.Add(time.Duration(i+1) * time.Second)}
 			if i%2 == 1 {
 				a.Status, a.Err = 0, fmt.Sprintf("connection reset %d", i)
 			}
@@ -608,7 +608,7 @@ var tests = []struct {
 		want.Attempts = len(all)
 		want.LastStatus, want.LastError = all[len(all)-1].Status, all[len(all)-1].Err
 		want.Updated = all[len(all)-1].At
-		want.History = all[len(all)-idem.MaxHistory:] // the oldest three are gone
+		want.History = all[len(all)-idemstore.MaxHistory:] // the oldest three are gone
 		same(t, "after MaxHistory+3 attempts", h.get(t, "k1"), want)
 	}},
 	{"the history and the trace are kept by Finish and Acquire", func(t T, h *harness) {
@@ -616,32 +616,32 @@ var tests = []struct {
 		op := NewOperation("k1")
 		op.Trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 		same(t, "Reserve with a trace", h.reserve(t, op), op)
-		a := idem.Attempt{Sent: 1, Err: "EOF", Reason: "connection closed", At: base.Add(time.Second)}
+		a := idemstore.Attempt{Sent: 1, Err: "EOF", Reason: "connection closed", At: base.Add(time.Second)}
 		if err := h.s.Attempt(ctx, "k1", a); err != nil {
 			t.Fatal(err)
 		}
-		h.finish(t, "k1", idem.Outcome{State: idem.StateFailed, Status: 500, Sent: 1, URL: idem.TrimQuery(op.URL), At: base.Add(2 * time.Second)})
+		h.finish(t, "k1", idemstore.Outcome{State: idemstore.StateFailed, Status: 500, Sent: 1, URL: idemstore.TrimQuery(op.URL), At: base.Add(2 * time.Second)})
 		got := h.get(t, "k1")
-		if got.Trace != op.Trace || historyString(got.History) != historyString([]idem.Attempt{a}) {
-			t.Fatalf("after Finish: Trace %q History %s, want %q %s", got.Trace, historyString(got.History), op.Trace, historyString([]idem.Attempt{a}))
+		if got.Trace != op.Trace || historyString(got.History) != historyString([]idemstore.Attempt{a}) {
+			t.Fatalf("after Finish: Trace %q History %s, want %q %s", got.Trace, historyString(got.History), op.Trace, historyString([]idemstore.Attempt{a}))
 		}
 		l := lease("owner-b", base.Add(time.Minute), time.Minute)
-		got, err := h.s.Acquire(ctx, "k1", l, idem.Request{URL: op.URL, Header: op.Header, Body: op.Body})
+		got, err := h.s.Acquire(ctx, "k1", l, idemstore.Request{URL: op.URL, Header: op.Header, Body: op.Body})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := op
 		want.Attempts, want.LastStatus, want.LastError = 2, 500, ""
 		want.Owner, want.LeaseUntil, want.Updated = "owner-b", l.Until, l.At
-		want.History = []idem.Attempt{a}
+		want.History = []idemstore.Attempt{a}
 		same(t, "Acquire", got, want)
 		same(t, "Get after Acquire", h.get(t, "k1"), want)
-		b := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(2 * time.Minute)}
+		b := idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(2 * time.Minute)}
 		if err := h.s.Attempt(ctx, "k1", b); err != nil {
 			t.Fatal(err)
 		}
-		if got := h.get(t, "k1"); historyString(got.History) != historyString([]idem.Attempt{a, b}) {
-			t.Fatalf("an attempt after the reopening: History %s, want %s", historyString(got.History), historyString([]idem.Attempt{a, b}))
+		if got := h.get(t, "k1"); historyString(got.History) != historyString([]idemstore.Attempt{a, b}) {
+			t.Fatalf("an attempt after the reopening: History %s, want %s", historyString(got.History), historyString([]idemstore.Attempt{a, b}))
 		}
 		if err := h.s.Renew(ctx, "k1", lease("owner-b", base.Add(3*time.Minute), time.Minute)); err != nil {
 			t.Fatal(err)
@@ -657,7 +657,7 @@ var tests = []struct {
 		}
 	}},
 	{"every key the journal passes is kept", func(t T, h *harness) {
-		// The journal validates keys (idem.CheckKey); a store keeps any
+		// The journal validates keys (idemstore.CheckKey); a store keeps any
 		// of them, in key order.
 		keys := []string{strings.Repeat("k", 255), "!", "~", "a/b?c#d", `"quoted"`, "0190f1e2-7c3a-7d4e-8f00-aaaaaaaaaaaa"}
 		for _, k := range keys {
@@ -674,7 +674,7 @@ var tests = []struct {
 		if _, _, err := h.s.Reserve(ctx, NewOperation("k1")); !errors.Is(err, context.Canceled) {
 			t.Errorf("Reserve = %v, want context.Canceled", err)
 		}
-		if _, err := h.s.Get(t.Context(), "k1"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := h.s.Get(t.Context(), "k1"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("a cancelled Reserve wrote its record: %v", err)
 		}
 	}},
@@ -686,7 +686,7 @@ var tests = []struct {
 		}
 		l := lease("me", base, time.Minute)
 		_, _, errReserve := h.s.Reserve(ctx, NewOperation("k2"))
-		_, errAcquire := h.s.Acquire(ctx, "k1", l, idem.Request{})
+		_, errAcquire := h.s.Acquire(ctx, "k1", l, idemstore.Request{})
 		_, errGet := h.s.Get(ctx, "k1")
 		_, errPending := h.s.Pending(ctx, "", 0)
 		_, errClaim := h.s.Claim(ctx, l, "", 0)
@@ -694,11 +694,11 @@ var tests = []struct {
 		for name, err := range map[string]error{
 			"Reserve": errReserve, "Acquire": errAcquire, "Get": errGet,
 			"Renew":   h.s.Renew(ctx, "k1", l),
-			"Attempt": h.s.Attempt(ctx, "k1", idem.Attempt{Sent: 1}),
-			"Finish":  h.s.Finish(ctx, "k1", idem.Outcome{State: idem.StateSucceeded}),
+			"Attempt": h.s.Attempt(ctx, "k1", idemstore.Attempt{Sent: 1}),
+			"Finish":  h.s.Finish(ctx, "k1", idemstore.Outcome{State: idemstore.StateSucceeded}),
 			"Pending": errPending, "Claim": errClaim, "Sweep": errSweep,
 		} {
-			if !errors.Is(err, idem.ErrClosed) {
+			if !errors.Is(err, idemstore.ErrClosed) {
 				t.Errorf("%s after Close = %v, want ErrClosed", name, err)
 			}
 		}
@@ -710,14 +710,14 @@ var tests = []struct {
 		ctx := t.Context()
 		a, b, c := NewOperation("a"), NewOperation("b"), NewOperation("c")
 		a.Name = "pay:a"
-		for _, op := range []idem.Operation{a, b, c} {
+		for _, op := range []idemstore.Operation{a, b, c} {
 			h.reserve(t, op)
 		}
-		attempt := idem.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
+		attempt := idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: base.Add(time.Second)}
 		if err := h.s.Attempt(ctx, "a", attempt); err != nil {
 			t.Fatal(err)
 		}
-		h.finish(t, "b", idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
+		h.finish(t, "b", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1, At: base.Add(time.Second)})
 		if err := h.s.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
@@ -725,9 +725,9 @@ var tests = []struct {
 		wantA := a
 		wantA.Attempts, wantA.LastStatus = 1, 503
 		wantA.Updated = base.Add(time.Second)
-		wantA.History = []idem.Attempt{attempt}
+		wantA.History = []idemstore.Attempt{attempt}
 		same(t, "a after reopening", h.get(t, "a"), wantA)
-		if got := h.get(t, "b"); got.State != idem.StateSucceeded || got.LastStatus != 201 || got.Body != nil {
+		if got := h.get(t, "b"); got.State != idemstore.StateSucceeded || got.LastStatus != 201 || got.Body != nil {
 			t.Fatalf("b after reopening: state %v status %d body %q", got.State, got.LastStatus, got.Body)
 		}
 		same(t, "c after reopening", h.get(t, "c"), c)

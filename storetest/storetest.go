@@ -1,11 +1,11 @@
 // Package storetest checks a KeyStore against the contract documented on
-// idem.KeyStore, as testing/fstest.TestFS does for file systems. The memory
-// store, the bbolt journal and the PostgreSQL store pass it; a store of
-// your own should too:
+// idemstore.KeyStore, as testing/fstest.TestFS does for file systems. The
+// memory store, the bbolt journal and the PostgreSQL store pass it; a
+// store of your own should too:
 //
 //	func TestMyStore(t *testing.T) {
 //		storetest.Run(t, storetest.Config{
-//			Open: func(t *testing.T) idem.KeyStore { return openMyStore(t) },
+//			Open: func(t *testing.T) idemstore.KeyStore { return openMyStore(t) },
 //		})
 //	}
 package storetest
@@ -20,18 +20,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // Config says how to get stores under test.
 type Config struct {
 	// Open returns a new, empty store. The suite closes it; Open may also
 	// register its own cleanup.
-	Open func(t *testing.T) idem.KeyStore
+	Open func(t *testing.T) idemstore.KeyStore
 	// Reopen, if set, returns a store over the same journal as closed,
 	// which the suite has closed: what the first store accepted must be
 	// there. Leave it nil for a store without durability.
-	Reopen func(t *testing.T, closed idem.KeyStore) idem.KeyStore
+	Reopen func(t *testing.T, closed idemstore.KeyStore) idemstore.KeyStore
 }
 
 // Run runs the contract tests, each as a subtest with a store of
@@ -67,7 +67,7 @@ func runCase(tt *testing.T, t T, c Config, run func(T, *harness)) {
 
 type harness struct {
 	Config
-	s  idem.KeyStore
+	s  idemstore.KeyStore
 	tt *testing.T // for Reopen
 }
 
@@ -76,11 +76,11 @@ var base = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // NewOperation returns a pending operation with key, a request and a
 // fingerprint derived from key, as a transport would reserve it.
-func NewOperation(key string) idem.Operation {
-	return idem.Operation{
+func NewOperation(key string) idemstore.Operation {
+	return idemstore.Operation{
 		Key: key, Method: http.MethodPost, URL: "https://api.example.com/v1/charges?ref=" + key,
 		Fingerprint: [32]byte{1, byte(len(key)), key[len(key)-1]},
-		State:       idem.StatePending,
+		State:       idemstore.StatePending,
 		Created:     base,
 		Updated:     base,
 		Owner:       "owner-a",
@@ -90,12 +90,12 @@ func NewOperation(key string) idem.Operation {
 	}
 }
 
-func lease(owner string, at time.Time, d time.Duration) idem.Lease {
-	return idem.Lease{Owner: owner, At: at, Until: at.Add(d)}
+func lease(owner string, at time.Time, d time.Duration) idemstore.Lease {
+	return idemstore.Lease{Owner: owner, At: at, Until: at.Add(d)}
 }
 
 // same fails t unless got has want's fields; times compare by instant.
-func same(t T, what string, got, want idem.Operation) {
+func same(t T, what string, got, want idemstore.Operation) {
 	t.Helper()
 	var diffs []string
 	check := func(field string, ok bool, g, w any) {
@@ -130,7 +130,7 @@ func same(t T, what string, got, want idem.Operation) {
 }
 
 // historyString shows a history, times by instant.
-func historyString(h []idem.Attempt) string {
+func historyString(h []idemstore.Attempt) string {
 	var b strings.Builder
 	b.WriteString("[")
 	for i, a := range h {
@@ -160,7 +160,7 @@ func headerString(h http.Header) string {
 	return b.String()
 }
 
-func (h *harness) reserve(t T, op idem.Operation) idem.Operation {
+func (h *harness) reserve(t T, op idemstore.Operation) idemstore.Operation {
 	t.Helper()
 	rec, created, err := h.s.Reserve(t.Context(), op)
 	if err != nil || !created {
@@ -169,7 +169,7 @@ func (h *harness) reserve(t T, op idem.Operation) idem.Operation {
 	return rec
 }
 
-func (h *harness) get(t T, key string) idem.Operation {
+func (h *harness) get(t T, key string) idemstore.Operation {
 	t.Helper()
 	rec, err := h.s.Get(t.Context(), key)
 	if err != nil {
@@ -178,14 +178,14 @@ func (h *harness) get(t T, key string) idem.Operation {
 	return rec
 }
 
-func (h *harness) finish(t T, key string, o idem.Outcome) {
+func (h *harness) finish(t T, key string, o idemstore.Outcome) {
 	t.Helper()
 	if err := h.s.Finish(t.Context(), key, o); err != nil {
 		t.Fatalf("Finish(%s): %v", key, err)
 	}
 }
 
-func keysOf(ops []idem.Operation) []string {
+func keysOf(ops []idemstore.Operation) []string {
 	ks := []string{}
 	for _, op := range ops {
 		ks = append(ks, op.Key)
@@ -193,7 +193,7 @@ func keysOf(ops []idem.Operation) []string {
 	return ks
 }
 
-func wantKeys(t T, what string, ops []idem.Operation, err error, want ...string) {
+func wantKeys(t T, what string, ops []idemstore.Operation, err error, want ...string) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)

@@ -17,7 +17,7 @@ import (
 )
 
 // The command works on a journal through idem.KeyStore and the optional
-// capabilities of keystore.go, so that each command is written once for
+// capabilities of package idemstore, so that each command is written once for
 // the bbolt file and the shared PostgreSQL journal:
 //
 //   - idem.Inspector lists every record (ls, gc --dry-run, stats) and finds

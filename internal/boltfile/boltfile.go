@@ -1,5 +1,5 @@
 // Package boltfile is the bbolt file handling shared by idem's journal
-// (the root package's BoltStore) and idemserver's BoltStore: opening and
+// (package boltjournal's Store) and idemserver's BoltStore: opening and
 // locking the file at a path (the one at the path, links followed), the
 // empty, truncated and foreign file checks, the format marker, compaction
 // of a mostly free file at Open, the checks that the file still has its

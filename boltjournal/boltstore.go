@@ -1,4 +1,4 @@
-package idem
+package boltjournal
 
 import (
 	"context"
@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/groupcommit"
 	bolt "go.etcd.io/bbolt"
 )
 
-// BoltStore is the durable KeyStore: a bbolt file journal with group commit.
+// Store is the durable KeyStore: a bbolt file journal with group commit.
 // It is safe for concurrent use.
 //
 // Reserve, Acquire and Renew are committed together with every other
@@ -21,7 +22,7 @@ import (
 // fsync per group) and return only once their own commit is durable.
 // Attempt and Finish are queued into the same writer and return at once:
 // their change rides the next commit. A queued change whose commit failed
-// is kept and rides the next one (BoltOptions.OnWriteError hears of the
+// is kept and rides the next one (Options.OnWriteError hears of the
 // failure); Close returns an error if it still cannot be written. Get,
 // Pending and Claim wait for queued changes first, so a reader always sees
 // its own writes. Close commits everything queued.
@@ -34,7 +35,7 @@ import (
 // and the trace add theirs.
 // bbolt reuses freed pages, so under steady load with Sweep the file stops
 // growing once the retention window is full. The request of a finished
-// operation is gone from the file within BoltOptions.ScrubDelay: freed
+// operation is gone from the file within Options.ScrubDelay: freed
 // pages are overwritten with zeros.
 //
 // Leases are kept as the KeyStore contract says, with one addition: the
@@ -68,11 +69,11 @@ import (
 // locked file is still the one at the path (another opener may have
 // compacted and replaced it meanwhile) and otherwise waits for the new
 // one. A path that is a symbolic link is followed, and stays a link.
-type BoltStore struct {
+type Store struct {
 	f      *boltFile
 	w      *groupcommit.Writer[*bolt.Tx]
 	log    *slog.Logger
-	o      BoltOptions
+	o      Options
 	closed atomic.Bool
 
 	// owners are the lease owners seen since the file was opened. The file
@@ -95,31 +96,31 @@ type BoltStore struct {
 }
 
 var (
-	_ KeyStore    = (*BoltStore)(nil)
-	_ LastChanger = (*BoltStore)(nil)
-	_ Inspector   = (*BoltStore)(nil)
-	_ PolicyStore = (*BoltStore)(nil)
+	_ idemstore.KeyStore    = (*Store)(nil)
+	_ idemstore.LastChanger = (*Store)(nil)
+	_ idemstore.Inspector   = (*Store)(nil)
+	_ idemstore.PolicyStore = (*Store)(nil)
 )
 
 // LastChange implements LastChanger: it returns when the journal file was
 // last written before this store opened it (its modification time), or the
 // zero time for a new journal. A Client uses it to bound how far it trusts
 // its wall clock when it sweeps.
-func (s *BoltStore) LastChange(context.Context) (time.Time, error) {
+func (s *Store) LastChange(context.Context) (time.Time, error) {
 	return s.f.Modified(), nil
 }
 
-// OpenBoltStore opens the journal at path, creating the file (mode 0600) if
+// Open opens the journal at path, creating the file (mode 0600) if
 // it does not exist.
 // It returns an error matching ErrJournalLocked if another process or handle
 // holds the file for longer than o.LockTimeout; ErrJournalCorrupt for a
 // damaged, truncated, empty or foreign file, or one whose pending records
-// or name mappings fail Open's check (see BoltStore); ErrRecordVersion for
+// or name mappings fail Open's check (see Store); ErrRecordVersion for
 // a journal of another format version; and ErrJournalWrite if the file
 // cannot be created or opened for writing (an empty path, a directory, a
 // missing parent directory, a read-only file system).
-func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
-	var opt BoltOptions
+func Open(path string, o *Options) (*Store, error) {
+	var opt Options
 	if o != nil {
 		opt = *o
 	}
@@ -132,7 +133,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	if opt.ScrubDelay == 0 {
 		opt.ScrubDelay = defaultScrubDelay
 	}
-	s := &BoltStore{o: opt, log: opt.Logger, live: make(map[string]struct{})}
+	s := &Store{o: opt, log: opt.Logger, live: make(map[string]struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -172,7 +173,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 }
 
 // write commits fn durably, in a group with other writers.
-func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
+func (s *Store) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 	if s.o.perWrite {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -183,7 +184,7 @@ func (s *BoltStore) write(ctx context.Context, fn func(*bolt.Tx) error) error {
 }
 
 // writeAsync queues fn for the next commit and returns at once.
-func (s *BoltStore) writeAsync(fn func(*bolt.Tx) error) error {
+func (s *Store) writeAsync(fn func(*bolt.Tx) error) error {
 	if s.o.perWrite {
 		return s.f.Update(fn)
 	}
@@ -192,7 +193,7 @@ func (s *BoltStore) writeAsync(fn func(*bolt.Tx) error) error {
 
 // settle waits until every change queued so far has committed, so a read
 // sees the caller's own Attempt and Finish.
-func (s *BoltStore) settle(ctx context.Context) error {
+func (s *Store) settle(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -204,29 +205,29 @@ func (s *BoltStore) settle(ctx context.Context) error {
 
 func closedErr(err error) error {
 	if errors.Is(err, groupcommit.ErrClosed) {
-		return ErrClosed
+		return idemstore.ErrClosed
 	}
 	return err
 }
 
-func (s *BoltStore) check(ctx context.Context) error {
+func (s *Store) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if s.closed.Load() {
-		return ErrClosed
+		return idemstore.ErrClosed
 	}
 	return nil
 }
 
-func (s *BoltStore) setLive(key string) {
+func (s *Store) setLive(key string) {
 	s.liveMu.Lock()
 	s.live[key] = struct{}{}
 	s.liveMu.Unlock()
 }
 
 // takeLive reports whether key is live; with drop, it is no longer.
-func (s *BoltStore) takeLive(key string, drop bool) bool {
+func (s *Store) takeLive(key string, drop bool) bool {
 	s.liveMu.Lock()
 	defer s.liveMu.Unlock()
 	_, ok := s.live[key]
@@ -237,11 +238,11 @@ func (s *BoltStore) takeLive(key string, drop bool) bool {
 }
 
 // Get implements KeyStore.
-func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
+func (s *Store) Get(ctx context.Context, key string) (idemstore.Operation, error) {
 	if err := s.settle(ctx); err != nil {
-		return Operation{}, err
+		return idemstore.Operation{}, err
 	}
-	var op Operation
+	var op idemstore.Operation
 	err := s.f.View(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -251,17 +252,17 @@ func (s *BoltStore) Get(ctx context.Context, key string) (Operation, error) {
 		return err
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("get %q: %w", key, err)
+		return idemstore.Operation{}, fmt.Errorf("get %q: %w", key, err)
 	}
 	return op, nil
 }
 
 // Named implements Inspector.
-func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
+func (s *Store) Named(ctx context.Context, name string) (idemstore.Operation, error) {
 	if err := s.settle(ctx); err != nil {
-		return Operation{}, err
+		return idemstore.Operation{}, err
 	}
-	var op Operation
+	var op idemstore.Operation
 	err := s.f.View(func(tx *bolt.Tx) error {
 		names, err := namesOf(tx)
 		if err != nil {
@@ -273,13 +274,13 @@ func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
 		}
 		key := names.Get([]byte(name))
 		if key == nil {
-			return fmt.Errorf("operation %q: %w", name, ErrNotFound)
+			return fmt.Errorf("operation %q: %w", name, idemstore.ErrNotFound)
 		}
 		op, err = loadOp(ops, string(key))
 		return err
 	})
 	if err != nil {
-		return Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	return op, nil
 }
@@ -288,9 +289,9 @@ func (s *BoltStore) Named(ctx context.Context, name string) (Operation, error) {
 // still hold requests, makes everything durable and closes the file.
 // Later calls of any method, Close included, return ErrClosed. Its error
 // matches ErrJournalWrite if a queued change could not be written.
-func (s *BoltStore) Close() error {
+func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
-		return ErrClosed
+		return idemstore.ErrClosed
 	}
 	if s.scrubStop != nil {
 		close(s.scrubStop)
@@ -299,7 +300,7 @@ func (s *BoltStore) Close() error {
 	var werr, serr error
 	if s.w != nil {
 		if err := s.w.Close(); err != nil {
-			werr = fmt.Errorf("idem: close journal: %w: %w", ErrJournalWrite, err)
+			werr = fmt.Errorf("idem: close journal: %w: %w", idemstore.ErrJournalWrite, err)
 		}
 	}
 	if werr == nil && s.f.scrubDue() && !s.f.Broken() {
@@ -314,7 +315,7 @@ func (s *BoltStore) Close() error {
 			rerr = s.f.StillNamed()
 		}
 	} else {
-		rerr = fmt.Errorf("idem: close journal: %w: it was found damaged or replaced while open; changes accepted since may be lost", ErrJournalCorrupt)
+		rerr = fmt.Errorf("idem: close journal: %w: it was found damaged or replaced while open; changes accepted since may be lost", idemstore.ErrJournalCorrupt)
 	}
 	return errors.Join(werr, serr, rerr, s.f.Release())
 }

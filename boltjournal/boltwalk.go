@@ -1,7 +1,7 @@
 // The bbolt journal's walks over its records: Pending, Walk, Claim and
 // Sweep.
 
-package idem
+package boltjournal
 
 import (
 	"bytes"
@@ -10,13 +10,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
 )
 
 // Pending implements KeyStore. It walks the records in key order from
 // after.
-func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Operation, error) {
+func (s *Store) Pending(ctx context.Context, after string, limit int) ([]idemstore.Operation, error) {
 	return s.list(ctx, after, limit, true)
 }
 
@@ -25,22 +26,22 @@ func (s *BoltStore) Pending(ctx context.Context, after string, limit int) ([]Ope
 // their requests: for tools that list or count what the journal holds. It
 // changes nothing. A record that cannot be read is returned as Pending
 // returns one.
-func (s *BoltStore) Walk(ctx context.Context, after string, limit int) ([]Operation, error) {
+func (s *Store) Walk(ctx context.Context, after string, limit int) ([]idemstore.Operation, error) {
 	return s.list(ctx, after, limit, false)
 }
 
 // list is Pending (pendingOnly) and Walk.
-func (s *BoltStore) list(ctx context.Context, after string, limit int, pendingOnly bool) ([]Operation, error) {
+func (s *Store) list(ctx context.Context, after string, limit int, pendingOnly bool) ([]idemstore.Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
 	var (
-		out  []Operation
+		out  []idemstore.Operation
 		errs []error
 	)
 	err := s.f.View(func(tx *bolt.Tx) error {
 		out, errs = nil, nil
-		return walk(tx, after, pendingOnly, func(op Operation, err error) bool {
+		return walk(tx, after, pendingOnly, func(op idemstore.Operation, err error) bool {
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -58,7 +59,7 @@ func (s *BoltStore) list(ctx context.Context, after string, limit int, pendingOn
 // looks for candidates in a read transaction, so that walking the journal
 // does not hold up the writer, and then leases, in one commit, those that
 // are still pending and free.
-func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int) ([]Operation, error) {
+func (s *Store) Claim(ctx context.Context, l idemstore.Lease, after string, limit int) ([]idemstore.Operation, error) {
 	if err := s.settle(ctx); err != nil {
 		return nil, err
 	}
@@ -68,7 +69,7 @@ func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int)
 		full := false
 		err := s.f.View(func(tx *bolt.Tx) error {
 			cands, full = cands[:0], false
-			return walkPending(tx, after, func(op Operation, err error) bool {
+			return walkPending(tx, after, func(op idemstore.Operation, err error) bool {
 				if err != nil || !s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)) {
 					cands = append(cands, op.Key)
 				}
@@ -94,9 +95,9 @@ func (s *BoltStore) Claim(ctx context.Context, l Lease, after string, limit int)
 // lease leases to l.Owner, in one commit, each record of keys that is still
 // pending and free at l.At, and returns those with the records it cannot
 // read (Key only, errors joined).
-func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operation, error) {
+func (s *Store) lease(ctx context.Context, l idemstore.Lease, keys []string) ([]idemstore.Operation, error) {
 	var (
-		out  []Operation
+		out  []idemstore.Operation
 		errs []error
 	)
 	err := s.write(ctx, func(tx *bolt.Tx) error {
@@ -108,14 +109,14 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 		for _, key := range keys {
 			op, err := loadOp(ops, key)
 			switch {
-			case errors.Is(err, ErrNotFound):
+			case errors.Is(err, idemstore.ErrNotFound):
 				continue
 			case err != nil:
 				err = fmt.Errorf("pending %w", err)
 				errs = append(errs, err)
-				out = append(out, Operation{Key: key, LastError: err.Error()})
+				out = append(out, idemstore.Operation{Key: key, LastError: err.Error()})
 				continue
-			case op.State != StatePending || s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)):
+			case op.State != idemstore.StatePending || s.heldByOther(l, op.Owner, toNanos(op.LeaseUntil)):
 				continue
 			}
 			op.Owner, op.LeaseUntil = l.Owner, l.Until
@@ -134,7 +135,7 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	for _, op := range out {
-		if op.State == StatePending {
+		if op.State == idemstore.StatePending {
 			s.setLive(op.Key)
 		}
 	}
@@ -144,7 +145,7 @@ func (s *BoltStore) lease(ctx context.Context, l Lease, keys []string) ([]Operat
 // walkPending calls fn for each pending record after after, in key order,
 // until fn returns false. A record it cannot read is passed with only its
 // key and the error: it may be a pending one.
-func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) error {
+func walkPending(tx *bolt.Tx, after string, fn func(idemstore.Operation, error) bool) error {
 	return walk(tx, after, true, fn)
 }
 
@@ -152,7 +153,7 @@ func walkPending(tx *bolt.Tx, after string, fn func(Operation, error) bool) erro
 // false: the pending ones with their requests, or (pendingOnly false)
 // every record without its request. A record it cannot read is passed with
 // only its key, LastError and the error.
-func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(Operation, error) bool) error {
+func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(idemstore.Operation, error) bool) error {
 	ops, err := opsOf(tx)
 	if err != nil {
 		return err
@@ -167,7 +168,7 @@ func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(Operation, error)
 			continue
 		}
 		state, err := codec.Check(v)
-		if err == nil && pendingOnly && State(state) != StatePending {
+		if err == nil && pendingOnly && idemstore.State(state) != idemstore.StatePending {
 			continue
 		}
 		key := string(k)
@@ -178,7 +179,7 @@ func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(Operation, error)
 		if err != nil {
 			err = codecErr(key, err)
 		}
-		var op Operation
+		var op idemstore.Operation
 		if err == nil {
 			op = fromRecord(key, &r)
 			if pendingOnly {
@@ -189,7 +190,7 @@ func walk(tx *bolt.Tx, after string, pendingOnly bool, fn func(Operation, error)
 		}
 		if err != nil {
 			err = fmt.Errorf("record %w", err)
-			if !fn(Operation{Key: key, LastError: err.Error()}, err) {
+			if !fn(idemstore.Operation{Key: key, LastError: err.Error()}, err) {
 				return nil
 			}
 			continue
@@ -207,7 +208,7 @@ const sweepChunk = 1000
 // Sweep implements KeyStore. It walks the records in key order and deletes
 // the finished ones last updated before cutoff, in commits of at most 1000
 // records. Records it cannot read are kept.
-func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
+func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
@@ -253,7 +254,7 @@ func (s *BoltStore) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 					s.log.Warn("idem: sweep kept unreadable record", "key", string(k), "err", codecErr(string(k), err))
 					continue
 				}
-				if !State(r.State).Finished() || r.Updated >= limit {
+				if !idemstore.State(r.State).Finished() || r.Updated >= limit {
 					continue
 				}
 				doomed = append(doomed, victim{bytes.Clone(k), []byte(r.Name), r.Flags&flagBodyApart != 0})

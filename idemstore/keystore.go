@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/internal/keys"
 )
 
 // State is where an operation stands in its lifecycle.
@@ -373,7 +375,7 @@ type KeyStore interface {
 // bytes of visible ASCII: the check the journal makes of every key before
 // it reserves it, so no KeyStore needs to.
 func CheckKey(key string) error {
-	if err := validKey(key); err != nil {
+	if err := keys.Check(key); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"context"
@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // TestBoltStoreReusedChangesKeepTheirOwn checks the reuse of the journal's
@@ -27,9 +28,9 @@ func TestBoltStoreReusedChangesKeepTheirOwn(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				n := c*each + i
-				op := idem.Operation{
+				op := idemstore.Operation{
 					Key: fmt.Sprintf("k-%04d", n), Method: "POST", URL: fmt.Sprintf("http://h/%d", n),
-					State: idem.StatePending, Created: now, Updated: now, Owner: "o", LeaseUntil: now.Add(time.Minute),
+					State: idemstore.StatePending, Created: now, Updated: now, Owner: "o", LeaseUntil: now.Add(time.Minute),
 					Header: map[string][]string{"X-N": {fmt.Sprint(n)}}, Body: []byte(fmt.Sprintf(`{"n":%d}`, n)),
 				}
 				if _, created, err := s.Reserve(ctx, op); err != nil || !created {
@@ -39,26 +40,26 @@ func TestBoltStoreReusedChangesKeepTheirOwn(t *testing.T) {
 				if i%2 == 1 { // every other one stays pending, with its request
 					continue
 				}
-				if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 200 + n%100, Err: fmt.Sprint("e", n), URL: op.URL, At: now}); err != nil {
+				if err := s.Finish(ctx, op.Key, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200 + n%100, Err: fmt.Sprint("e", n), URL: op.URL, At: now}); err != nil {
 					t.Errorf("finish %d: %v", n, err)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	check := func(s *idem.BoltStore) {
+	check := func(s *boltjournal.Store) {
 		for n := range callers * each {
 			op, err := s.Get(ctx, fmt.Sprintf("k-%04d", n))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if n%2 == 1 {
-				if op.State != idem.StatePending || string(op.Body) != fmt.Sprintf(`{"n":%d}`, n) || op.Header.Get("X-N") != fmt.Sprint(n) {
+				if op.State != idemstore.StatePending || string(op.Body) != fmt.Sprintf(`{"n":%d}`, n) || op.Header.Get("X-N") != fmt.Sprint(n) {
 					t.Fatalf("record %d: %v, body %q, header %v", n, op.State, op.Body, op.Header)
 				}
 				continue
 			}
-			if op.State != idem.StateSucceeded || op.LastStatus != 200+n%100 || op.LastError != fmt.Sprint("e", n) || op.URL != fmt.Sprintf("http://h/%d", n) || op.Body != nil {
+			if op.State != idemstore.StateSucceeded || op.LastStatus != 200+n%100 || op.LastError != fmt.Sprint("e", n) || op.URL != fmt.Sprintf("http://h/%d", n) || op.Body != nil {
 				t.Fatalf("record %d: %v, status %d, error %q, URL %s, body %q", n, op.State, op.LastStatus, op.LastError, op.URL, op.Body)
 			}
 		}

@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 // Tests of who opens the bbolt journal and which file they get: one opener
 // at a time, always the file at the path.
@@ -19,16 +19,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/crashtest"
 )
 
 // mostlyFreeJournal fills a journal at path with a burst of large finished
 // requests, so that it is over 16 MiB and mostly free pages: the next Open
 // compacts it. It leaves one pending operation, "pending" (pay:pending).
-func mostlyFreeJournal(t *testing.T, path string) idem.Operation {
+func mostlyFreeJournal(t *testing.T, path string) idemstore.Operation {
 	t.Helper()
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	require.NoError(t, err)
 	ctx := t.Context()
 	var wg sync.WaitGroup
@@ -47,7 +48,7 @@ func mostlyFreeJournal(t *testing.T, path string) idem.Operation {
 	wg.Wait()
 	for g := range 8 {
 		for i := range 25 {
-			require.NoError(t, s.Finish(ctx, fmt.Sprintf("big-%d-%02d", g, i), idem.Outcome{State: idem.StateSucceeded, Status: 201, At: opTime}))
+			require.NoError(t, s.Finish(ctx, fmt.Sprintf("big-%d-%02d", g, i), idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, At: opTime}))
 		}
 	}
 	keep := newOp("pending")
@@ -67,7 +68,7 @@ func init() { crashChildren["open"] = childOpen }
 // reports what it finds of the parent's reservation.
 func childOpen() int {
 	crashtest.Emit("opening", strconv.Itoa(os.Getpid()))
-	s, err := idem.OpenBoltStore(os.Getenv("IDEM_JOURNAL"), &idem.BoltOptions{LockTimeout: time.Minute})
+	s, err := boltjournal.Open(os.Getenv("IDEM_JOURNAL"), &boltjournal.Options{LockTimeout: time.Minute})
 	if err != nil {
 		crashtest.Emit("error", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 1
@@ -109,7 +110,7 @@ func TestSecondOpenerDuringCompaction(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
 	mostlyFreeJournal(t, path)
 	var child *crashtest.Child
-	s, err := idem.OpenBoltStoreBeforeCompact(path, nil, func() {
+	s, err := boltjournal.OpenBeforeCompact(path, nil, func() {
 		// A second process comes while this one compacts: it opens the
 		// old file and waits for its lock.
 		child = crashtest.Start(t, "open", "IDEM_JOURNAL="+path)
@@ -131,7 +132,7 @@ func TestSecondOpenerDuringCompaction(t *testing.T) {
 	s = openBolt(t, path)
 	got, err := s.Get(t.Context(), "parent-key")
 	require.NoError(t, err, "the first opener's reservation is in the journal")
-	assert.Equal(t, idem.StatePending, got.State)
+	assert.Equal(t, idemstore.StatePending, got.State)
 	_, err = s.Named(t.Context(), "pay:pending")
 	require.NoError(t, err)
 }
@@ -165,48 +166,19 @@ func TestSymlinkedJournalIsCompactedInPlace(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 }
 
-func TestJournalOverwrittenInPlaceIsDetected(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
-	require.NoError(t, err)
-	ctx := t.Context()
-	mustReserve(t, s, newOp("a"))
-	backup, err := os.ReadFile(path)
-	require.NoError(t, err)
-	mustReserve(t, s, newOp("b"))
-	mustReserve(t, s, newOp("c"))
-
-	// An operator restores the backup over the open file, in place.
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	require.NoError(t, err)
-	_, err = f.WriteAt(backup, 0)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-
-	_, err = s.Pending(ctx, "", 0)
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt, "the in-doubt records b and c vanished: that is an error")
-	assert.Contains(t, err.Error(), "older copy")
-	rt := &scriptRT{steps: []step{resp(201)}}
-	c := idem.New(s, idem.WithBaseTransport(rt))
-	_, err = post(t, context.Background(), c.HTTPClient(), `{"amount":1}`)
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
-	assert.Empty(t, rt.sent, "nothing sent")
-	require.Error(t, c.Close(), "Close reports the journal replaced under it")
-}
-
 func TestCloseReportsAJournalReplacedUnderIt(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	require.NoError(t, err)
 	mustReserve(t, s, newOp("a"))
-	other, err := idem.OpenBoltStore(filepath.Join(dir, "other.db"), nil)
+	other, err := boltjournal.Open(filepath.Join(dir, "other.db"), nil)
 	require.NoError(t, err)
 	require.NoError(t, other.Close())
 	require.NoError(t, os.Rename(filepath.Join(dir, "other.db"), path))
 	err = s.Close()
-	require.ErrorIs(t, err, idem.ErrJournalWrite)
-	assert.True(t, errors.Is(err, idem.ErrJournalWrite) && strings.Contains(err.Error(), "replaced"), "%v", err)
+	require.ErrorIs(t, err, idemstore.ErrJournalWrite)
+	assert.True(t, errors.Is(err, idemstore.ErrJournalWrite) && strings.Contains(err.Error(), "replaced"), "%v", err)
 }
 
 func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
@@ -231,7 +203,7 @@ func TestBoltStoreCompactsMostlyFreeJournalAtOpen(t *testing.T) {
 	if got, err := s.Named(ctx, "pay:pending"); err != nil || !bytes.Equal(got.Body, keep.Body) {
 		t.Fatalf("pending operation after compaction: %+v, %v", got, err)
 	}
-	if got, err := s.Get(ctx, "big-3-07"); err != nil || got.State != idem.StateSucceeded {
+	if got, err := s.Get(ctx, "big-3-07"); err != nil || got.State != idemstore.StateSucceeded {
 		t.Fatalf("finished operation after compaction: %+v, %v", got, err)
 	}
 	mustReserve(t, s, newOp("after-compaction"))
@@ -266,7 +238,7 @@ func TestReadersRacingWritersSeeNoOlderCopy(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := s.Get(ctx, "w0-000"); err != nil && !errors.Is(err, idem.ErrNotFound) {
+				if _, err := s.Get(ctx, "w0-000"); err != nil && !errors.Is(err, idemstore.ErrNotFound) {
 					t.Error(err)
 					return
 				}

@@ -1,4 +1,4 @@
-package idem
+package boltjournal
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/groupcommit"
 	bolt "go.etcd.io/bbolt"
 )
@@ -83,7 +84,7 @@ func TestBoltStoreStressFailingCommits(t *testing.T) {
 // ends them, leaving the journal writable.
 func stressFailingCommits(t *testing.T, path string, fail func() bool, start, stop func()) {
 	var failedCommits atomic.Int32
-	s, err := OpenBoltStore(path, &BoltOptions{MaxGroup: 4, ScrubDelay: -1, OnCommit: func(_ int, _ time.Duration, err error) {
+	s, err := Open(path, &Options{MaxGroup: 4, ScrubDelay: -1, OnCommit: func(_ int, _ time.Duration, err error) {
 		if err != nil {
 			failedCommits.Add(1)
 		}
@@ -138,9 +139,9 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 				case 1:
 					size = 40 << 10 // stored apart
 				}
-				op := Operation{
+				op := idemstore.Operation{
 					Key: key, Method: http.MethodPost, URL: fmt.Sprint("http://h/", n), Owner: "o",
-					State: StatePending, Created: now, Updated: now, LeaseUntil: now.Add(time.Hour),
+					State: idemstore.StatePending, Created: now, Updated: now, LeaseUntil: now.Add(time.Hour),
 					Header: http.Header{"X-N": {fmt.Sprint(n)}},
 					Body:   bytes.Repeat([]byte{byte('a' + n%26)}, size),
 				}
@@ -156,14 +157,14 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 				case err == nil:
 					t.Errorf("Reserve(%s): not created", key)
 					return
-				case errors.Is(err, ErrJournalWrite) || errors.Is(err, errInjected) || errors.Is(err, context.Canceled):
+				case errors.Is(err, idemstore.ErrJournalWrite) || errors.Is(err, errInjected) || errors.Is(err, context.Canceled):
 					continue
 				default:
 					t.Errorf("Reserve(%s): %v", key, err)
 					return
 				}
 				for range r.IntN(3) {
-					if err := s.Attempt(context.Background(), key, Attempt{Sent: 1, Status: 503, Reason: "503", At: now}); err != nil {
+					if err := s.Attempt(context.Background(), key, idemstore.Attempt{Sent: 1, Status: 503, Reason: "503", At: now}); err != nil {
 						t.Errorf("Attempt(%s): %v", key, err)
 						return
 					}
@@ -173,14 +174,14 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 					// A renewal by another owner fails in its group, which
 					// is then run again without it: the marks it carried
 					// ran in a transaction that rolled back.
-					l := Lease{Owner: "other", At: now, Until: now.Add(time.Minute)}
+					l := idemstore.Lease{Owner: "other", At: now, Until: now.Add(time.Minute)}
 					err := s.Renew(context.Background(), key, l)
-					if !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrJournalWrite) && !errors.Is(err, errInjected) {
+					if !errors.Is(err, idemstore.ErrLeaseLost) && !errors.Is(err, idemstore.ErrJournalWrite) && !errors.Is(err, errInjected) {
 						t.Errorf("Renew(%s) by another owner: %v", key, err)
 					}
 				}
 				if r.IntN(3) > 0 {
-					o := Outcome{State: StateSucceeded, Status: 200 + n%100, Err: fmt.Sprint("e", n), Sent: 1, URL: fmt.Sprint("http://h/", n), At: now}
+					o := idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200 + n%100, Err: fmt.Sprint("e", n), Sent: 1, URL: fmt.Sprint("http://h/", n), At: now}
 					if err := s.Finish(context.Background(), key, o); err != nil {
 						t.Errorf("Finish(%s): %v", key, err)
 						return
@@ -189,7 +190,7 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 				}
 				if r.IntN(8) == 0 {
 					_, err := s.Get(context.Background(), key)
-					if err != nil && !errors.Is(err, ErrJournalWrite) && !errors.Is(err, errInjected) {
+					if err != nil && !errors.Is(err, idemstore.ErrJournalWrite) && !errors.Is(err, errInjected) {
 						t.Errorf("Get(%s): %v", key, err)
 					}
 				}
@@ -213,7 +214,7 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 	if failed == 0 || reserved == 0 || reserved == callers*each {
 		t.Fatalf("%d of %d reserved, %d failed commits: the test proves nothing", reserved, callers*each, failed)
 	}
-	s2, err := OpenBoltStore(path, nil)
+	s2, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +226,7 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 			key := fmt.Sprintf("k-%05d", n)
 			op, err := s2.Get(ctx, key)
 			if !w.reserved {
-				if !errors.Is(err, ErrNotFound) {
+				if !errors.Is(err, idemstore.ErrNotFound) {
 					t.Errorf("%s: its Reserve failed, but Get = %v, %v", key, op.State, err)
 				}
 				continue
@@ -236,12 +237,12 @@ func stressFailingCommits(t *testing.T, path string, fail func() bool, start, st
 			}
 			switch {
 			case !w.finished:
-				if op.State != StatePending || op.Attempts != w.attempts || len(op.History) != w.attempts ||
+				if op.State != idemstore.StatePending || op.Attempts != w.attempts || len(op.History) != w.attempts ||
 					!bytes.Equal(op.Body, w.body) || op.Header.Get("X-N") != fmt.Sprint(n) {
 					t.Errorf("%s: %v with %d attempts (%d in history), body of %d bytes, header %v; want pending with %d attempts and its own request",
 						key, op.State, op.Attempts, len(op.History), len(op.Body), op.Header, w.attempts)
 				}
-			case op.State != StateSucceeded || op.Attempts != w.attempts+1 || op.LastStatus != 200+n%100 ||
+			case op.State != idemstore.StateSucceeded || op.Attempts != w.attempts+1 || op.LastStatus != 200+n%100 ||
 				op.LastError != fmt.Sprint("e", n) || op.URL != fmt.Sprint("http://h/", n) || op.Body != nil:
 				t.Errorf("%s: %v with %d attempts, status %d, error %q, URL %s, body of %d bytes; want succeeded with %d attempts, status %d, e%d",
 					key, op.State, op.Attempts, op.LastStatus, op.LastError, op.URL, len(op.Body), w.attempts+1, 200+n%100, n)

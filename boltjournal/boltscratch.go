@@ -1,7 +1,7 @@
 // The scratch that the changes of one write transaction of the bbolt
 // journal share, and the changes that are reused once committed.
 
-package idem
+package boltjournal
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
 )
@@ -68,14 +69,14 @@ func (sc *txScratch) value(n int) []byte {
 	return sc.buf[at : at : at+n]
 }
 
-// change is BoltStore.change: the record's new value is cut from the
+// change is Store.change: the record's new value is cut from the
 // buffer, and it is read through the cursor.
 func (sc *txScratch) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
 	sc.begin(ops.Tx(), ops)
 	k := unsafe.Slice(unsafe.StringData(key), len(key))
 	v := sc.get(k)
 	if v == nil {
-		return fmt.Errorf("%q: %w", key, ErrNotFound)
+		return fmt.Errorf("%q: %w", key, idemstore.ErrNotFound)
 	}
 	r := &sc.rec
 	defer func() { *r = codec.Record{} }() // it aliases tx memory
@@ -98,9 +99,9 @@ func (sc *txScratch) change(ops *bolt.Bucket, key string, fn func(r *codec.Recor
 // failed commit the group commit runs it again), and that transaction's
 // commit hands it back (txScratch.ranMark).
 type finishMark struct {
-	s   *BoltStore
+	s   *Store
 	key string
-	o   Outcome
+	o   idemstore.Outcome
 	now int64
 	fn  func(*bolt.Tx) error // apply, made once per mark
 }
@@ -130,10 +131,10 @@ var errUnchanged = errors.New("idem: record unchanged")
 // heldBy reports whether a mark made for owner applies to r: r is pending
 // and owner holds it, or owner is "" (KeyStore.Attempt).
 func heldBy(r *codec.Record, owner string) bool {
-	return owner == "" || State(r.State) == StatePending && r.Owner == owner
+	return owner == "" || idemstore.State(r.State) == idemstore.StatePending && r.Owner == owner
 }
 
-func newFinishMark(s *BoltStore, key string, o Outcome) *finishMark {
+func newFinishMark(s *Store, key string, o idemstore.Outcome) *finishMark {
 	m := finishMarks.Get().(*finishMark)
 	m.s, m.key, m.o, m.now = s, key, o, toNanos(o.At)
 	return m

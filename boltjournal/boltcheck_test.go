@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 // Tests of what Open checks before it trusts a journal, and of Salvage.
 
@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -25,7 +27,7 @@ import (
 // path, spread over many leaf pages, and closes it.
 func pendingJournal(t *testing.T, path string, n int) {
 	t.Helper()
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	require.NoError(t, err)
 	for i := range n {
 		op := newOp(fmt.Sprintf("key-%03d", i))
@@ -69,20 +71,20 @@ func TestOpenFindsADamagedPendingRecord(t *testing.T) {
 	overwriteAt(t, path, int64(i), []byte{'B'})
 
 	_, err = idem.Open(path)
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt, "Open refuses a journal with a damaged pending record")
+	require.ErrorIs(t, err, idemstore.ErrJournalCorrupt, "Open refuses a journal with a damaged pending record")
 	assert.Contains(t, err.Error(), `record "key-150" is damaged`)
 	assert.NotContains(t, err.Error(), "newer")
 
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{SkipCheck: true})
+	s, err := boltjournal.Open(path, &boltjournal.Options{SkipCheck: true})
 	require.NoError(t, err)
 	defer s.Close()
 	ops, err := s.Salvage(t.Context())
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	require.ErrorIs(t, err, idemstore.ErrJournalCorrupt)
 	require.Len(t, ops, 300, "every record is listed, the damaged one by its key")
 	assert.Equal(t, "key-150", ops[150].Key)
 	assert.Zero(t, ops[150].State)
 	assert.Contains(t, ops[150].LastError, "damaged")
-	assert.Equal(t, idem.StatePending, ops[151].State)
+	assert.Equal(t, idemstore.StatePending, ops[151].State)
 }
 
 func TestOpenFindsADamagedPage(t *testing.T) {
@@ -92,18 +94,18 @@ func TestOpenFindsADamagedPage(t *testing.T) {
 	overwriteAt(t, path, int64(page), bytes.Repeat([]byte{0xA5}, os.Getpagesize()))
 
 	_, err := idem.Open(path)
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt, "Open finds the damaged page")
+	require.ErrorIs(t, err, idemstore.ErrJournalCorrupt, "Open finds the damaged page")
 
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{SkipCheck: true})
+	s, err := boltjournal.Open(path, &boltjournal.Options{SkipCheck: true})
 	require.NoError(t, err)
 	defer s.Close()
 	ops, err := s.Salvage(t.Context())
-	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	require.ErrorIs(t, err, idemstore.ErrJournalCorrupt)
 	assert.Contains(t, err.Error(), "could not be read")
 	assert.NotContains(t, err.Error(), "goroutine", "no panic text")
 	got := map[string]bool{}
 	for _, op := range ops {
-		got[op.Key] = op.State == idem.StatePending
+		got[op.Key] = op.State == idemstore.StatePending
 	}
 	assert.True(t, got["key-000"] && got["key-299"], "records before and after the damaged page are read")
 	assert.False(t, got["key-150"], "the damaged page's records are not")
@@ -144,7 +146,7 @@ func compactFile(t *testing.T, path string) {
 // SkipCheck.
 func BenchmarkOpenCheck(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -159,7 +161,7 @@ func BenchmarkOpenCheck(b *testing.B) {
 					op.Name = fmt.Sprintf("pay:%d", i)
 				}
 				if i < finished {
-					op.State, op.LastStatus, op.Header, op.Body = idem.StateSucceeded, 201, nil, nil
+					op.State, op.LastStatus, op.Header, op.Body = idemstore.StateSucceeded, 201, nil, nil
 				}
 				if _, _, err := s.Reserve(context.Background(), op); err != nil {
 					b.Error(err)
@@ -183,7 +185,7 @@ func BenchmarkOpenCheck(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportMetric(float64(fi.Size())/(1<<20), "file-MiB")
 			for b.Loop() {
-				s, err := idem.OpenBoltStore(path, &idem.BoltOptions{SkipCheck: bc.skip})
+				s, err := boltjournal.Open(path, &boltjournal.Options{SkipCheck: bc.skip})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -210,7 +212,7 @@ func TestOpenFindsABrokenNameMapping(t *testing.T) {
 			}))
 			require.NoError(t, db.Close())
 			_, err = idem.Open(path)
-			require.ErrorIs(t, err, idem.ErrJournalCorrupt)
+			require.ErrorIs(t, err, idemstore.ErrJournalCorrupt)
 			assert.Contains(t, err.Error(), put[0])
 		})
 	}

@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 // Tests of a damaged, foreign or newer journal: what Open and every
 // method say of it.
@@ -18,7 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -26,7 +27,7 @@ import (
 // under each of keys.
 func journalWith(t *testing.T, path string, keys ...string) {
 	t.Helper()
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestBoltStoreCorrupt(t *testing.T) {
 	// A journal with a few records, to damage.
 	valid := func(t *testing.T) []byte {
 		path := filepath.Join(t.TempDir(), "valid.db")
-		s, err := idem.OpenBoltStore(path, nil)
+		s, err := boltjournal.Open(path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,12 +95,12 @@ func TestBoltStoreCorrupt(t *testing.T) {
 			if err := os.WriteFile(path, tc.file(t), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s, err := idem.OpenBoltStore(path, nil)
+			s, err := boltjournal.Open(path, nil)
 			if err == nil {
 				s.Close()
 				t.Fatal("opened a damaged journal without error")
 			}
-			if !errors.Is(err, idem.ErrJournalCorrupt) {
+			if !errors.Is(err, idemstore.ErrJournalCorrupt) {
 				t.Fatalf("got %v, want ErrJournalCorrupt", err)
 			}
 		})
@@ -112,7 +113,7 @@ func TestBoltStoreDamagedPages(t *testing.T) {
 	for seed := range uint64(8) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "journal.db")
-			s, err := idem.OpenBoltStore(path, nil)
+			s, err := boltjournal.Open(path, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,9 +140,9 @@ func TestBoltStoreDamagedPages(t *testing.T) {
 			if err := os.WriteFile(path, b, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s, err = idem.OpenBoltStore(path, nil)
+			s, err = boltjournal.Open(path, nil)
 			if err != nil {
-				if !errors.Is(err, idem.ErrJournalCorrupt) {
+				if !errors.Is(err, idemstore.ErrJournalCorrupt) {
 					t.Fatalf("open: got %v, want ErrJournalCorrupt", err)
 				}
 				return
@@ -149,7 +150,7 @@ func TestBoltStoreDamagedPages(t *testing.T) {
 			defer s.Close()
 			ctx := t.Context()
 			okErr := func(what string, err error) {
-				if err != nil && !errors.Is(err, idem.ErrJournalCorrupt) && !errors.Is(err, idem.ErrNotFound) {
+				if err != nil && !errors.Is(err, idemstore.ErrJournalCorrupt) && !errors.Is(err, idemstore.ErrNotFound) {
 					t.Errorf("%s: got %v, want nil, ErrJournalCorrupt or ErrNotFound", what, err)
 				}
 			}
@@ -180,7 +181,7 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 		// version ends in.
 		rec := []byte{0xfe, 1, 2, 3}
 		rec = binary.LittleEndian.AppendUint32(rec, crc32.Checksum(rec, crc32.MakeTable(crc32.Castagnoli)))
-		return tx.Bucket(idem.BucketOps).Put([]byte("future"), rec)
+		return tx.Bucket(boltjournal.BucketOps).Put([]byte("future"), rec)
 	})
 	db.Close()
 	if err != nil {
@@ -189,20 +190,20 @@ func TestBoltStoreNewerRecordVersion(t *testing.T) {
 
 	s := openBolt(t, path)
 	ctx := t.Context()
-	if _, err := s.Get(ctx, "future"); !errors.Is(err, idem.ErrRecordVersion) {
+	if _, err := s.Get(ctx, "future"); !errors.Is(err, idemstore.ErrRecordVersion) {
 		t.Errorf("Get: got %v, want ErrRecordVersion", err)
 	}
-	if _, _, err := s.Reserve(ctx, newOp("future")); !errors.Is(err, idem.ErrRecordVersion) {
+	if _, _, err := s.Reserve(ctx, newOp("future")); !errors.Is(err, idemstore.ErrRecordVersion) {
 		t.Errorf("Reserve: got %v, want ErrRecordVersion", err)
 	}
-	if err := s.Finish(ctx, "future", idem.Outcome{State: idem.StateSucceeded}); !errors.Is(err, idem.ErrRecordVersion) {
+	if err := s.Finish(ctx, "future", idemstore.Outcome{State: idemstore.StateSucceeded}); !errors.Is(err, idemstore.ErrRecordVersion) {
 		t.Errorf("Finish: got %v, want ErrRecordVersion", err)
 	}
-	if _, err := s.Acquire(ctx, "future", idem.Lease{Owner: "me"}, idem.Request{}); !errors.Is(err, idem.ErrRecordVersion) {
+	if _, err := s.Acquire(ctx, "future", idemstore.Lease{Owner: "me"}, idemstore.Request{}); !errors.Is(err, idemstore.ErrRecordVersion) {
 		t.Errorf("Acquire: got %v, want ErrRecordVersion", err)
 	}
 	pend, err := s.Pending(ctx, "", 0)
-	if !errors.Is(err, idem.ErrRecordVersion) || fmt.Sprint(keys(pend)) != "[a c future]" || pend[2].State != 0 {
+	if !errors.Is(err, idemstore.ErrRecordVersion) || fmt.Sprint(keys(pend)) != "[a c future]" || pend[2].State != 0 {
 		t.Errorf("Pending = %v, %v; want [a c future], the unreadable one reported with ErrRecordVersion", keys(pend), err)
 	}
 	for _, k := range []string{"a", "c"} {
@@ -228,17 +229,17 @@ func TestBoltStoreOpenErrors(t *testing.T) {
 	}{
 		// Only a missing file creates a journal: an existing empty one
 		// lost its contents, and its pending operations with them.
-		{"empty file", empty, idem.ErrJournalCorrupt},
+		{"empty file", empty, idemstore.ErrJournalCorrupt},
 		// These say nothing about a journal's contents: it cannot be
 		// created or opened.
-		{"empty path", "", idem.ErrJournalWrite},
-		{"missing parent directory", filepath.Join(dir, "nope", "journal.db"), idem.ErrJournalWrite},
-		{"path is a directory", dir, idem.ErrJournalWrite},
-		{"parent is a file", filepath.Join(notDir, "journal.db"), idem.ErrJournalWrite},
+		{"empty path", "", idemstore.ErrJournalWrite},
+		{"missing parent directory", filepath.Join(dir, "nope", "journal.db"), idemstore.ErrJournalWrite},
+		{"path is a directory", dir, idemstore.ErrJournalWrite},
+		{"parent is a file", filepath.Join(notDir, "journal.db"), idemstore.ErrJournalWrite},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := idem.OpenBoltStore(tc.path, nil)
+			s, err := boltjournal.Open(tc.path, nil)
 			if err == nil {
 				s.Close()
 				t.Fatal("opened without error")
@@ -246,7 +247,7 @@ func TestBoltStoreOpenErrors(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
-			for _, other := range []error{idem.ErrJournalCorrupt, idem.ErrJournalWrite} {
+			for _, other := range []error{idemstore.ErrJournalCorrupt, idemstore.ErrJournalWrite} {
 				if other != tc.want && errors.Is(err, other) {
 					t.Fatalf("got %v, which also matches %v", err, other)
 				}
@@ -267,7 +268,7 @@ func forgeFormat(t *testing.T, path, format string) {
 	}
 	defer db.Close()
 	err = db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(idem.BucketMeta).Put(idem.MetaFormatKey, []byte(format))
+		return tx.Bucket(boltjournal.BucketMeta).Put(boltjournal.MetaFormatKey, []byte(format))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -280,21 +281,21 @@ func TestBoltStoreFormatVersions(t *testing.T) {
 		want    error
 		message string
 	}{
-		{"idem-journal/1", idem.ErrRecordVersion, "earlier"},
-		{"idem-journal/3", idem.ErrRecordVersion, "newer"},
-		{"idem-journal/10", idem.ErrRecordVersion, "newer"},
-		{"something else", idem.ErrJournalCorrupt, "marker"},
+		{"idem-journal/1", idemstore.ErrRecordVersion, "earlier"},
+		{"idem-journal/3", idemstore.ErrRecordVersion, "newer"},
+		{"idem-journal/10", idemstore.ErrRecordVersion, "newer"},
+		{"something else", idemstore.ErrJournalCorrupt, "marker"},
 	} {
 		t.Run(tc.format, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "journal.db")
 			journalWith(t, path, "k1")
 			forgeFormat(t, path, tc.format)
-			s, err := idem.OpenBoltStore(path, nil)
+			s, err := boltjournal.Open(path, nil)
 			if err == nil {
 				s.Close()
 				t.Fatal("opened without error")
 			}
-			if !errors.Is(err, tc.want) || (tc.want == idem.ErrRecordVersion && errors.Is(err, idem.ErrJournalCorrupt)) {
+			if !errors.Is(err, tc.want) || (tc.want == idemstore.ErrRecordVersion && errors.Is(err, idemstore.ErrJournalCorrupt)) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
 			if !strings.Contains(err.Error(), tc.message) {
@@ -308,7 +309,7 @@ func TestBoltStoreDamagedPageDuringWrite(t *testing.T) {
 	// A page damaged under a running store: the write that reads it fails
 	// with ErrJournalCorrupt, not an untyped panic message.
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,13 +332,13 @@ func TestBoltStoreDamagedPageDuringWrite(t *testing.T) {
 	}
 	f.Close()
 	_, _, err = s.Reserve(t.Context(), newOp("key-100x"))
-	if !errors.Is(err, idem.ErrJournalCorrupt) {
+	if !errors.Is(err, idemstore.ErrJournalCorrupt) {
 		t.Fatalf("Reserve over damaged pages = %v, want ErrJournalCorrupt", err)
 	}
-	if err := s.Attempt(t.Context(), "key-050", idem.Attempt{Sent: 1}); err != nil && !errors.Is(err, idem.ErrJournalCorrupt) {
+	if err := s.Attempt(t.Context(), "key-050", idemstore.Attempt{Sent: 1}); err != nil && !errors.Is(err, idemstore.ErrJournalCorrupt) {
 		t.Fatalf("Attempt = %v, want nil (queued) or ErrJournalCorrupt", err)
 	}
-	if _, err := s.Get(t.Context(), "key-050"); !errors.Is(err, idem.ErrJournalCorrupt) {
+	if _, err := s.Get(t.Context(), "key-050"); !errors.Is(err, idemstore.ErrJournalCorrupt) {
 		t.Fatalf("Get = %v, want ErrJournalCorrupt", err)
 	}
 }
@@ -349,7 +350,7 @@ func TestBoltStorePendingNeverSkipsInSilence(t *testing.T) {
 	// none comes back with a damaged request.
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestBoltStorePendingNeverSkipsInSilence(t *testing.T) {
 		op.Body = bytes.Repeat([]byte{byte('a' + i%26)}, 100+37*i)
 		mustReserve(t, s, op)
 		if i%3 == 0 {
-			if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
+			if err := s.Finish(ctx, op.Key, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200}); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -390,16 +391,16 @@ func TestBoltStorePendingNeverSkipsInSilence(t *testing.T) {
 				t.Fatal(err)
 			}
 			func() {
-				s, err := idem.OpenBoltStore(p, nil)
+				s, err := boltjournal.Open(p, nil)
 				if err != nil {
-					if !errors.Is(err, idem.ErrJournalCorrupt) {
+					if !errors.Is(err, idemstore.ErrJournalCorrupt) {
 						t.Fatalf("page %d (%s): open = %v, want ErrJournalCorrupt", page, kind, err)
 					}
 					return
 				}
 				defer s.Close()
 				ops, err := s.Pending(ctx, "", 0)
-				if err != nil && !errors.Is(err, idem.ErrJournalCorrupt) && !errors.Is(err, idem.ErrRecordVersion) {
+				if err != nil && !errors.Is(err, idemstore.ErrJournalCorrupt) && !errors.Is(err, idemstore.ErrRecordVersion) {
 					t.Fatalf("page %d (%s): Pending error %v is not typed", page, kind, err)
 				}
 				got := map[string]bool{}
@@ -437,16 +438,16 @@ func TestBoltStoreSweepLogsRecordItCannotDecode(t *testing.T) {
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		// Version 2, finished, then a varint that never ends.
-		rec := append([]byte{2, byte(idem.StateSucceeded), 0}, bytes.Repeat([]byte{0x80}, 60)...)
+		rec := append([]byte{2, byte(idemstore.StateSucceeded), 0}, bytes.Repeat([]byte{0x80}, 60)...)
 		rec = binary.LittleEndian.AppendUint32(rec, crc32.Checksum(rec, crc32.MakeTable(crc32.Castagnoli)))
-		return tx.Bucket(idem.BucketOps).Put([]byte("undecodable"), rec)
+		return tx.Bucket(boltjournal.BucketOps).Put([]byte("undecodable"), rec)
 	})
 	db.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
 	logged := &logRecords{}
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{Logger: slog.New(logged)})
+	s, err := boltjournal.Open(path, &boltjournal.Options{Logger: slog.New(logged)})
 	if err != nil {
 		t.Fatal(err)
 	}

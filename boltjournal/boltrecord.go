@@ -1,7 +1,7 @@
 // The bbolt journal's records: buckets, the mapping between an Operation
 // and its codec record, and bodies stored apart.
 
-package idem
+package boltjournal
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
 )
@@ -19,7 +20,7 @@ import (
 func opsOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 	b := tx.Bucket(bucketOps)
 	if b == nil {
-		return nil, fmt.Errorf("%w: the ops bucket is missing", ErrJournalCorrupt)
+		return nil, fmt.Errorf("%w: the ops bucket is missing", idemstore.ErrJournalCorrupt)
 	}
 	b.FillPercent = opsFill
 	return b, nil
@@ -28,7 +29,7 @@ func opsOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 func namesOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 	b := tx.Bucket(bucketNames)
 	if b == nil {
-		return nil, fmt.Errorf("%w: the names bucket is missing", ErrJournalCorrupt)
+		return nil, fmt.Errorf("%w: the names bucket is missing", idemstore.ErrJournalCorrupt)
 	}
 	return b, nil
 }
@@ -36,7 +37,7 @@ func namesOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 func metaOf(tx *bolt.Tx) (*bolt.Bucket, error) {
 	b := tx.Bucket(bucketMeta)
 	if b == nil {
-		return nil, fmt.Errorf("%w: the meta bucket is missing", ErrJournalCorrupt)
+		return nil, fmt.Errorf("%w: the meta bucket is missing", idemstore.ErrJournalCorrupt)
 	}
 	return b, nil
 }
@@ -82,19 +83,19 @@ func bodyKey(key string) []byte {
 func isBodyKey(k []byte) bool { return len(k) > 0 && k[len(k)-1] == 0 }
 
 // loadBody sets op.Body from the body stored apart if r says so.
-func loadBody(ops *bolt.Bucket, r *codec.Record, op *Operation) error {
+func loadBody(ops *bolt.Bucket, r *codec.Record, op *idemstore.Operation) error {
 	if r.Flags&flagBodyApart == 0 {
 		return nil
 	}
 	v := ops.Get(bodyKey(op.Key))
 	if v == nil {
-		return fmt.Errorf("record %q: %w: its body is missing", op.Key, ErrJournalCorrupt)
+		return fmt.Errorf("record %q: %w: its body is missing", op.Key, idemstore.ErrJournalCorrupt)
 	}
 	op.Body = bytes.Clone(v)
 	return nil
 }
 
-func toRecord(op *Operation) codec.Record {
+func toRecord(op *idemstore.Operation) codec.Record {
 	var flags uint8
 	if op.Redacted {
 		flags |= flagRedacted
@@ -112,10 +113,10 @@ func toRecord(op *Operation) codec.Record {
 	}
 }
 
-func fromRecord(key string, r *codec.Record) Operation {
-	return Operation{
+func fromRecord(key string, r *codec.Record) idemstore.Operation {
+	return idemstore.Operation{
 		Key: key, Name: r.Name, Method: r.Method, URL: r.URL, Host: r.Host,
-		Fingerprint: r.Fingerprint, State: State(r.State),
+		Fingerprint: r.Fingerprint, State: idemstore.State(r.State),
 		Redacted: r.Flags&flagRedacted != 0, Unreplayable: r.Flags&flagUnreplayable != 0,
 		Attempts: int(r.Attempts), LastStatus: int(r.LastStatus), LastError: r.LastError,
 		Created: fromNanos(r.Created), Updated: fromNanos(r.Updated), LeaseUntil: fromNanos(r.LeaseUntil),
@@ -126,7 +127,7 @@ func fromRecord(key string, r *codec.Record) Operation {
 
 // toHistory and fromHistory convert an operation's history to the codec's
 // and back; an empty one is nil, which the codec writes as version 2.
-func toHistory(h []Attempt) []codec.Attempt {
+func toHistory(h []idemstore.Attempt) []codec.Attempt {
 	if len(h) == 0 {
 		return nil
 	}
@@ -138,26 +139,26 @@ func toHistory(h []Attempt) []codec.Attempt {
 }
 
 // toAttempt converts one attempt of an operation's history to the codec's.
-func toAttempt(a Attempt) codec.Attempt {
+func toAttempt(a idemstore.Attempt) codec.Attempt {
 	return codec.Attempt{At: toNanos(a.At), Sent: int64(a.Sent), Status: int64(a.Status), Err: a.Err, Reason: a.Reason}
 }
 
-func fromHistory(h []codec.Attempt) []Attempt {
+func fromHistory(h []codec.Attempt) []idemstore.Attempt {
 	if len(h) == 0 {
 		return nil
 	}
-	out := make([]Attempt, len(h))
+	out := make([]idemstore.Attempt, len(h))
 	for i, a := range h {
-		out[i] = Attempt{At: fromNanos(a.At), Sent: int(a.Sent), Status: int(a.Status), Err: a.Err, Reason: a.Reason}
+		out[i] = idemstore.Attempt{At: fromNanos(a.At), Sent: int(a.Sent), Status: int(a.Status), Err: a.Err, Reason: a.Reason}
 	}
 	return out
 }
 
 // appendHistory is AppendHistory for a record being rewritten: r's
 // history aliases the transaction's memory, which the rewrite copies.
-func appendHistory(r *codec.Record, a Attempt) {
+func appendHistory(r *codec.Record, a idemstore.Attempt) {
 	h := r.History
-	if drop := len(h) + 1 - MaxHistory; drop > 0 {
+	if drop := len(h) + 1 - idemstore.MaxHistory; drop > 0 {
 		h = h[drop:]
 	}
 	r.History = append(h[:len(h):len(h)], toAttempt(a))
@@ -167,20 +168,20 @@ func appendHistory(r *codec.Record, a Attempt) {
 // ErrRecordVersion or ErrJournalCorrupt.
 func codecErr(key string, err error) error {
 	if errors.Is(err, codec.ErrVersion) {
-		return fmt.Errorf("record %q was written by a newer idem (%w): %w", key, ErrRecordVersion, err)
+		return fmt.Errorf("record %q was written by a newer idem (%w): %w", key, idemstore.ErrRecordVersion, err)
 	}
-	return fmt.Errorf("record %q is damaged (%w): %w", key, ErrJournalCorrupt, err)
+	return fmt.Errorf("record %q is damaged (%w): %w", key, idemstore.ErrJournalCorrupt, err)
 }
 
 // loadOp returns the record for key with its request, or ErrNotFound.
-func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
+func loadOp(ops *bolt.Bucket, key string) (idemstore.Operation, error) {
 	v := ops.Get([]byte(key))
 	if v == nil {
-		return Operation{}, fmt.Errorf("%q: %w", key, ErrNotFound)
+		return idemstore.Operation{}, fmt.Errorf("%q: %w", key, idemstore.ErrNotFound)
 	}
 	var r codec.Record
 	if err := codec.Decode(v, &r); err != nil {
-		return Operation{}, codecErr(key, err)
+		return idemstore.Operation{}, codecErr(key, err)
 	}
 	op := fromRecord(key, &r)
 	return op, loadBody(ops, &r, &op)
@@ -193,7 +194,7 @@ func loadOp(ops *bolt.Bucket, key string) (Operation, error) {
 // request section to keep (req, or nil to drop it), errUnchanged to leave
 // the record as it is and return nil, or an error that leaves the record
 // as it was.
-func (s *BoltStore) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
+func (s *Store) change(ops *bolt.Bucket, key string, fn func(r *codec.Record, req []byte) ([]byte, error)) error {
 	return s.scratch.change(ops, key, fn)
 }
 
@@ -212,11 +213,11 @@ func encodeKV(buf []byte, key string, r *codec.Record) (k, v []byte) {
 var metaPolicyKey = []byte("policy")
 
 // Policy implements PolicyStore.
-func (s *BoltStore) Policy(ctx context.Context) (Policy, error) {
+func (s *Store) Policy(ctx context.Context) (idemstore.Policy, error) {
 	if err := s.settle(ctx); err != nil {
-		return Policy{}, err
+		return idemstore.Policy{}, err
 	}
-	var p Policy
+	var p idemstore.Policy
 	err := s.f.View(func(tx *bolt.Tx) error {
 		m, err := metaOf(tx)
 		if err != nil {
@@ -230,18 +231,18 @@ func (s *BoltStore) Policy(ctx context.Context) (Policy, error) {
 		if err := codec.DecodePolicy(v, &cp); err != nil {
 			return codecErr("policy", err)
 		}
-		p = Policy{KeyHeader: cp.KeyHeader, ResendWindow: time.Duration(cp.ResendWindow),
+		p = idemstore.Policy{KeyHeader: cp.KeyHeader, ResendWindow: time.Duration(cp.ResendWindow),
 			Retention: time.Duration(cp.Retention), MatchWindow: time.Duration(cp.MatchWindow)}
 		return nil
 	})
 	if err != nil {
-		return Policy{}, fmt.Errorf("policy: %w", err)
+		return idemstore.Policy{}, fmt.Errorf("policy: %w", err)
 	}
 	return p, nil
 }
 
 // SetPolicy implements PolicyStore. It returns once the policy is durable.
-func (s *BoltStore) SetPolicy(ctx context.Context, p Policy) error {
+func (s *Store) SetPolicy(ctx context.Context, p idemstore.Policy) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}

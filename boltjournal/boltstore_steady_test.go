@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"fmt"
@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // TestBoltStoreSteadyStateSize sends IDEM_STEADY_N keyed operations
@@ -35,7 +36,7 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 		callers   = 32
 	)
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +67,8 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 					return
 				}
 				at := now()
-				op := idem.Operation{
-					State: idem.StatePending, Created: at, Updated: at,
+				op := idemstore.Operation{
+					State: idemstore.StatePending, Created: at, Updated: at,
 					Key: uuid.Must(uuid.NewV7()).String(), Method: http.MethodPost,
 					URL: "https://api.example.com/v1/charges", Fingerprint: [32]byte{1, 2, 3},
 					Owner: "idem-host-1-4242", Header: http.Header{"Content-Type": {"application/json"}}, Body: body,
@@ -76,7 +77,7 @@ func TestBoltStoreSteadyStateSize(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1, At: at}); err != nil {
+				if err := s.Finish(ctx, op.Key, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1, At: at}); err != nil {
 					t.Error(err)
 					return
 				}

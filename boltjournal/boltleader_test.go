@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"errors"
@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // TestBoltStoreReserveBehindKeptMarksFailsClosed checks that a Reserve
@@ -22,7 +23,7 @@ func TestBoltStoreReserveBehindKeptMarksFailsClosed(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
 	var failed atomic.Int32
 	var restore func()
-	s, err := idem.OpenBoltStoreHoldingMarks(path, &idem.BoltOptions{MaxGroup: 2, ScrubDelay: -1,
+	s, err := boltjournal.OpenHoldingMarks(path, &boltjournal.Options{MaxGroup: 2, ScrubDelay: -1,
 		OnCommit: func(_ int, _ time.Duration, err error) {
 			// The journal comes back after 10 failed commits, which ends
 			// the retries if nothing else does.
@@ -50,17 +51,17 @@ func TestBoltStoreReserveBehindKeptMarksFailsClosed(t *testing.T) {
 		}
 	}
 	for _, k := range keys {
-		if err := s.Finish(ctx, k, idem.Outcome{State: idem.StateSucceeded, Status: 200, Sent: 1}); err != nil {
+		if err := s.Finish(ctx, k, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200, Sent: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A Get waits for the marks: its Sync leads a commit that fails and
 	// keeps them.
-	if _, err := s.Get(ctx, keys[0]); !errors.Is(err, idem.ErrJournalWrite) {
+	if _, err := s.Get(ctx, keys[0]); !errors.Is(err, idemstore.ErrJournalWrite) {
 		t.Fatalf("Get with the journal away = %v, want ErrJournalWrite", err)
 	}
 	_, _, err = s.Reserve(ctx, newOp("after"))
-	if n := failed.Load(); !errors.Is(err, idem.ErrJournalWrite) || n > 3 {
+	if n := failed.Load(); !errors.Is(err, idemstore.ErrJournalWrite) || n > 3 {
 		t.Fatalf("Reserve behind kept marks = %v after %d failed commits, want ErrJournalWrite after at most 3", err, n)
 	}
 	restore()
@@ -69,11 +70,11 @@ func TestBoltStoreReserveBehindKeptMarksFailsClosed(t *testing.T) {
 	}
 	s2 := openBolt(t, path)
 	for _, k := range keys {
-		if op, err := s2.Get(ctx, k); err != nil || op.State != idem.StateSucceeded || op.Attempts != 1 {
+		if op, err := s2.Get(ctx, k); err != nil || op.State != idemstore.StateSucceeded || op.Attempts != 1 {
 			t.Errorf("%s: %v, %d attempts, %v; want succeeded once", k, op.State, op.Attempts, err)
 		}
 	}
-	if _, err := s2.Get(ctx, "after"); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s2.Get(ctx, "after"); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Errorf("Get(after) = %v, want ErrNotFound: its Reserve failed", err)
 	}
 }

@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 // Tests of the file system failing under the journal: a read-only
 // mount, a full disk, the file removed while open.
@@ -13,7 +13,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 )
 
 // mount mounts source at dir, or skips the test where mounting is not
@@ -44,12 +45,12 @@ func TestBoltStoreReadOnly(t *testing.T) {
 	mount(t, "", ro, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, "")
 
 	for _, name := range []string{"journal.db", "new.db"} {
-		s, err := idem.OpenBoltStore(filepath.Join(ro, name), nil)
+		s, err := boltjournal.Open(filepath.Join(ro, name), nil)
 		if err == nil {
 			s.Close()
 			t.Fatalf("%s: opened a journal on a read-only file system", name)
 		}
-		if !errors.Is(err, idem.ErrJournalWrite) {
+		if !errors.Is(err, idemstore.ErrJournalWrite) {
 			t.Fatalf("%s: got %v, want ErrJournalWrite", name, err)
 		}
 	}
@@ -61,7 +62,7 @@ func TestBoltStoreDiskFull(t *testing.T) {
 	dir := t.TempDir()
 	mount(t, "tmpfs", dir, "tmpfs", 0, "size=1m")
 	path := filepath.Join(dir, "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestBoltStoreDiskFull(t *testing.T) {
 		}
 		committed = append(committed, op.Key)
 	}
-	if !errors.Is(full, idem.ErrJournalWrite) {
+	if !errors.Is(full, idemstore.ErrJournalWrite) {
 		t.Fatalf("filling a 1 MiB file system: got %v after %d records, want ErrJournalWrite", full, len(committed))
 	}
 	if len(committed) == 0 {
@@ -89,7 +90,7 @@ func TestBoltStoreDiskFull(t *testing.T) {
 			t.Errorf("Get(%s) after a failed commit: %v", k, err)
 		}
 	}
-	if err := s.Close(); err != nil && !errors.Is(err, idem.ErrJournalWrite) {
+	if err := s.Close(); err != nil && !errors.Is(err, idemstore.ErrJournalWrite) {
 		t.Fatalf("Close: %v", err)
 	}
 	s2 := openBolt(t, path)
@@ -130,13 +131,13 @@ func TestBoltStoreRemovedWhileOpen(t *testing.T) {
 			}
 			// A keyed request must not go out on a reservation written
 			// into a file nobody will find again.
-			if _, _, err := s.Reserve(ctx, newOp("after")); !errors.Is(err, idem.ErrJournalWrite) {
+			if _, _, err := s.Reserve(ctx, newOp("after")); !errors.Is(err, idemstore.ErrJournalWrite) {
 				t.Fatalf("Reserve after the journal was removed = %v, want ErrJournalWrite", err)
 			}
-			if err := s.Finish(ctx, "before", idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
+			if err := s.Finish(ctx, "before", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200}); err != nil {
 				t.Fatalf("Finish (queued): %v", err)
 			}
-			if err := s.Close(); !errors.Is(err, idem.ErrJournalWrite) {
+			if err := s.Close(); !errors.Is(err, idemstore.ErrJournalWrite) {
 				t.Fatalf("Close with a queued change it could not write = %v, want ErrJournalWrite", err)
 			}
 		})
@@ -156,7 +157,7 @@ func TestBoltStoreFinishSurvivesFullDisk(t *testing.T) {
 	// the 20 ms default delay, or with the scrub) they fit in the file's
 	// free pages, commit, and the test proves nothing (it failed so when
 	// it ran slow).
-	s, err := idem.OpenBoltStoreHoldingMarks(path, &idem.BoltOptions{ScrubDelay: -1, OnWriteError: func(err error) {
+	s, err := boltjournal.OpenHoldingMarks(path, &boltjournal.Options{ScrubDelay: -1, OnWriteError: func(err error) {
 		mu.Lock()
 		reported = append(reported, err)
 		mu.Unlock()
@@ -186,7 +187,7 @@ func TestBoltStoreFinishSurvivesFullDisk(t *testing.T) {
 	}
 	ff.Close()
 	for _, k := range keys {
-		if err := s.Finish(ctx, k, idem.Outcome{State: idem.StateSucceeded, Status: 201, Sent: 1}); err != nil {
+		if err := s.Finish(ctx, k, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, Sent: 1}); err != nil {
 			t.Fatalf("Finish(%s): %v", k, err)
 		}
 	}
@@ -194,7 +195,7 @@ func TestBoltStoreFinishSurvivesFullDisk(t *testing.T) {
 	// that fails.
 	big := newOp("big")
 	big.Body = bytes.Repeat([]byte("b"), 1<<20)
-	if _, _, err := s.Reserve(ctx, big); !errors.Is(err, idem.ErrJournalWrite) {
+	if _, _, err := s.Reserve(ctx, big); !errors.Is(err, idemstore.ErrJournalWrite) {
 		t.Fatalf("Reserve on a full disk = %v, want ErrJournalWrite", err)
 	}
 	// Space again: the kept marks are written.
@@ -207,13 +208,13 @@ func TestBoltStoreFinishSurvivesFullDisk(t *testing.T) {
 	s2 := openBolt(t, path)
 	for _, k := range keys {
 		op, err := s2.Get(ctx, k)
-		if err != nil || op.State != idem.StateSucceeded {
+		if err != nil || op.State != idemstore.StateSucceeded {
 			t.Errorf("%s after the disk was full: state %v, %v; want succeeded", k, op.State, err)
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(reported) == 0 || !errors.Is(reported[0], idem.ErrJournalWrite) {
+	if len(reported) == 0 || !errors.Is(reported[0], idemstore.ErrJournalWrite) {
 		t.Fatalf("OnWriteError got %v, want the failed commit of the marks", reported)
 	}
 }

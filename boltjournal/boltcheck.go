@@ -1,7 +1,7 @@
 // The bbolt journal's checks of its records: Open's check, and Salvage
 // for tools that read a damaged journal.
 
-package idem
+package boltjournal
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
 )
@@ -16,7 +17,7 @@ import (
 // maxReported bounds how many damaged records an error names.
 const maxReported = 5
 
-// check is Open's check of the records (see BoltStore): every pending
+// check is Open's check of the records (see Store): every pending
 // record decodes with its body, every name maps to a well-formed key, and
 // every named pending record is found by its name. A record of a newer
 // version is not damage.
@@ -24,7 +25,7 @@ func (f *boltFile) check() error {
 	var bad []error
 	n := 0
 	note := func(err error) {
-		if errors.Is(err, ErrRecordVersion) && !errors.Is(err, ErrJournalCorrupt) {
+		if errors.Is(err, idemstore.ErrRecordVersion) && !errors.Is(err, idemstore.ErrJournalCorrupt) {
 			return
 		}
 		n++
@@ -47,7 +48,7 @@ func (f *boltFile) check() error {
 			if isBodyKey(k) {
 				continue
 			}
-			if len(v) >= 2 && (v[0] == codec.Version || v[0] == codec.VersionExt) && State(v[1]).Finished() {
+			if len(v) >= 2 && (v[0] == codec.Version || v[0] == codec.VersionExt) && idemstore.State(v[1]).Finished() {
 				continue
 			}
 			op, err := loadOp(ops, string(k))
@@ -58,11 +59,11 @@ func (f *boltFile) check() error {
 			pending[op.Key] = op.Name
 		}
 		err = names.ForEach(func(name, key []byte) error {
-			if err := CheckKey(string(key)); err != nil {
-				note(fmt.Errorf("%w: name %q maps to %q, which is no key", ErrJournalCorrupt, name, key))
+			if err := idemstore.CheckKey(string(key)); err != nil {
+				note(fmt.Errorf("%w: name %q maps to %q, which is no key", idemstore.ErrJournalCorrupt, name, key))
 			} else if n, ok := pending[string(key)]; ok {
 				if n != string(name) {
-					note(fmt.Errorf("%w: name %q maps to pending record %q, which is named %q", ErrJournalCorrupt, name, key, n))
+					note(fmt.Errorf("%w: name %q maps to pending record %q, which is named %q", idemstore.ErrJournalCorrupt, name, key, n))
 				}
 			}
 			return nil
@@ -76,7 +77,7 @@ func (f *boltFile) check() error {
 				continue
 			}
 			if got := names.Get([]byte(name)); string(got) != key {
-				note(fmt.Errorf("%w: pending record %q is named %q, but the name maps to %q", ErrJournalCorrupt, key, name, got))
+				note(fmt.Errorf("%w: pending record %q is named %q, but the name maps to %q", idemstore.ErrJournalCorrupt, key, name, got))
 			}
 		}
 		return nil
@@ -92,7 +93,7 @@ func (f *boltFile) check() error {
 		more = fmt.Sprintf(" (the first %d shown)", len(bad))
 	}
 	return fmt.Errorf("%w: %d pending records or name mappings are damaged%s: %w; "+
-		"run \"idem ls\" or \"idem pending\" on the journal to list what is readable", ErrJournalCorrupt, n, more, errors.Join(bad...))
+		"run \"idem ls\" or \"idem pending\" on the journal to list what is readable", idemstore.ErrJournalCorrupt, n, more, errors.Join(bad...))
 }
 
 // Salvage returns every record of a journal, damaged or not, that can
@@ -104,16 +105,16 @@ func (f *boltFile) check() error {
 // names what could not be read; it is nil when everything was.
 //
 // Salvage changes nothing and never panics. Open the journal with
-// BoltOptions.SkipCheck to salvage one that Open refuses.
-func (s *BoltStore) Salvage(ctx context.Context) ([]Operation, error) {
-	if err := s.settle(ctx); err != nil && !errors.Is(err, ErrJournalCorrupt) {
+// Options.SkipCheck to salvage one that Open refuses.
+func (s *Store) Salvage(ctx context.Context) ([]idemstore.Operation, error) {
+	if err := s.settle(ctx); err != nil && !errors.Is(err, idemstore.ErrJournalCorrupt) {
 		return nil, err
 	}
 	var (
-		fwd, back []Operation
+		fwd, back []idemstore.Operation
 		errs      []error
 	)
-	fwdErr := s.f.salvageWalk(false, "", func(op Operation) { fwd = append(fwd, op) })
+	fwdErr := s.f.salvageWalk(false, "", func(op idemstore.Operation) { fwd = append(fwd, op) })
 	if fwdErr == nil {
 		return fwd, joinUnreadable(fwd)
 	}
@@ -121,7 +122,7 @@ func (s *BoltStore) Salvage(ctx context.Context) ([]Operation, error) {
 	if len(fwd) > 0 {
 		last = fwd[len(fwd)-1].Key
 	}
-	backErr := s.f.salvageWalk(true, last, func(op Operation) { back = append(back, op) })
+	backErr := s.f.salvageWalk(true, last, func(op idemstore.Operation) { back = append(back, op) })
 	first := "the end"
 	if len(back) > 0 {
 		first = fmt.Sprintf("%q", back[len(back)-1].Key)
@@ -142,7 +143,7 @@ func (s *BoltStore) Salvage(ctx context.Context) ([]Operation, error) {
 
 // joinUnreadable returns an error naming the records ops holds that could
 // not be decoded, or nil.
-func joinUnreadable(ops []Operation) error {
+func joinUnreadable(ops []idemstore.Operation) error {
 	var bad []string
 	for _, op := range ops {
 		if op.State == 0 {
@@ -152,7 +153,7 @@ func joinUnreadable(ops []Operation) error {
 	if len(bad) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %d records could not be read: %s", ErrJournalCorrupt, len(bad), strings.Join(bad, "; "))
+	return fmt.Errorf("%w: %d records could not be read: %s", idemstore.ErrJournalCorrupt, len(bad), strings.Join(bad, "; "))
 }
 
 // salvageWalk walks the records in key order (backward: from the last,
@@ -160,7 +161,7 @@ func joinUnreadable(ops []Operation) error {
 // each, until the end or a damaged page. It recovers from bbolt's panics
 // and faults without marking the store broken: a read transaction holds
 // no lock bbolt would leave behind.
-func (f *boltFile) salvageWalk(backward bool, stop string, fn func(Operation)) error {
+func (f *boltFile) salvageWalk(backward bool, stop string, fn func(idemstore.Operation)) error {
 	return f.Salvage(func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -181,7 +182,7 @@ func (f *boltFile) salvageWalk(backward bool, stop string, fn func(Operation)) e
 			var r codec.Record
 			key := string(k)
 			if derr := codec.Decode(v, &r); derr != nil {
-				fn(Operation{Key: key, LastError: codecErr(key, derr).Error()})
+				fn(idemstore.Operation{Key: key, LastError: codecErr(key, derr).Error()})
 				continue
 			}
 			op := fromRecord(key, &r)

@@ -1,4 +1,4 @@
-package idem
+package boltjournal
 
 import (
 	"bytes"
@@ -8,10 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/boltfile"
 )
 
-// This file holds BoltStore's options, its buckets and format marker and
+// This file holds Store's options, its buckets and format marker and
 // its file; the file handling itself (opening and locking the file at the
 // path, the format marker, compaction at Open, turning bbolt's faults into
 // idem's sentinels, the checks that the file still has its name and has
@@ -23,10 +24,10 @@ import (
 // changes reused once committed, boltrecord.go the records and the
 // policy, boltwalk.go the walks.
 
-// BoltOptions tune a BoltStore. A nil *BoltOptions, and every zero field,
+// Options tune a Store. A nil *Options, and every zero field,
 // means the default.
-type BoltOptions struct {
-	// LockTimeout bounds how long OpenBoltStore waits for another process
+type Options struct {
+	// LockTimeout bounds how long Open waits for another process
 	// or handle (in this process too) to release the journal file before it
 	// returns an error matching ErrJournalLocked. Zero (or less) means 2
 	// seconds.
@@ -61,7 +62,7 @@ type BoltOptions struct {
 	// SkipCheck opens a journal without Open's check of its pending
 	// records and name mappings, for tools that read what they can of a
 	// damaged journal (the idem command's ls, pending, show and stats,
-	// with BoltStore.Salvage). An application must not set it: the check
+	// with Store.Salvage). An application must not set it: the check
 	// is what keeps it from trusting a damaged journal.
 	SkipCheck bool
 
@@ -75,7 +76,7 @@ type BoltOptions struct {
 	asyncDelay time.Duration
 }
 
-// Defaults of BoltOptions.
+// Defaults of Options.
 const (
 	defaultLockTimeout = boltfile.DefaultLockTimeout
 	defaultMaxGroup    = 1024
@@ -101,7 +102,7 @@ var (
 // half empty.
 const opsFill = 0.9
 
-// boltFile is the bbolt file of a BoltStore (internal/boltfile: opening,
+// boltFile is the bbolt file of a Store (internal/boltfile: opening,
 // locking, format marker, compaction at Open, the fault guard, the
 // "still the file at this path" and "not gone back" checks) and the state
 // of its scrubs (boltscrub.go).
@@ -119,10 +120,10 @@ type boltFile struct {
 
 // journalErrors are the sentinels the journal file's errors match.
 var journalErrors = boltfile.Errors{
-	Locked:  ErrJournalLocked,
-	Corrupt: ErrJournalCorrupt,
-	Write:   ErrJournalWrite,
-	Closed:  ErrClosed,
+	Locked:  idemstore.ErrJournalLocked,
+	Corrupt: idemstore.ErrJournalCorrupt,
+	Write:   idemstore.ErrJournalWrite,
+	Closed:  idemstore.ErrClosed,
 }
 
 // openFile opens, or creates, the bbolt file at path, checks its format
@@ -131,7 +132,7 @@ var journalErrors = boltfile.Errors{
 // (ErrJournalCorrupt).
 func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
 	if path == "" {
-		return nil, fmt.Errorf("open journal: %w: empty path", ErrJournalWrite)
+		return nil, fmt.Errorf("open journal: %w: empty path", idemstore.ErrJournalWrite)
 	}
 	bf, err := boltfile.Open(path, boltfile.Options{
 		Kind:          "journal",
@@ -162,10 +163,10 @@ func checkFormat(got []byte) error {
 	v, ok := strings.CutPrefix(string(got), formatPrefix)
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: journal format marker %q, want %q", ErrJournalCorrupt, got, metaFormat)
+		return fmt.Errorf("%w: journal format marker %q, want %q", idemstore.ErrJournalCorrupt, got, metaFormat)
 	case v < string(metaFormat[len(formatPrefix):]) && len(v) <= len(metaFormat)-len(formatPrefix):
 		return fmt.Errorf("%w: the journal has format %s, written by an earlier, unreleased version of idem that this one cannot read: "+
-			"resume or reconcile its pending operations with the version that wrote it, then move the file away to start a new journal", ErrRecordVersion, got)
+			"resume or reconcile its pending operations with the version that wrote it, then move the file away to start a new journal", idemstore.ErrRecordVersion, got)
 	}
-	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", ErrRecordVersion, got, metaFormat)
+	return fmt.Errorf("%w: the journal has format %s, written by a newer version of idem (this one reads %s): open it with that version", idemstore.ErrRecordVersion, got, metaFormat)
 }

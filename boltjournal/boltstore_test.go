@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"bytes"
@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/crashtest"
 	bolt "go.etcd.io/bbolt"
 
@@ -21,9 +22,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func openBolt(t *testing.T, path string) *idem.BoltStore {
+func openBolt(t *testing.T, path string) *boltjournal.Store {
 	t.Helper()
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{LockTimeout: 100 * time.Millisecond})
+	s, err := boltjournal.Open(path, &boltjournal.Options{LockTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestBoltStoreFileMode(t *testing.T) {
 
 func TestBoltStoreSurvivesReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, nil)
+	s, err := boltjournal.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,10 +74,10 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	op.Name = "n1"
 	mustReserve(t, s, op)
 	mustReserve(t, s, newOp("k2"))
-	if err := s.Attempt(ctx, "k1", idem.Attempt{Sent: 1, Status: 503}); err != nil {
+	if err := s.Attempt(ctx, "k1", idemstore.Attempt{Sent: 1, Status: 503}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Finish(ctx, "k2", idem.Outcome{State: idem.StateSucceeded, Status: 200}); err != nil {
+	if err := s.Finish(ctx, "k2", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200}); err != nil {
 		t.Fatal(err)
 	}
 	// Close commits the queued Attempt and Finish.
@@ -88,7 +89,7 @@ func TestBoltStoreSurvivesReopen(t *testing.T) {
 	if err != nil || got.Attempts != 1 || got.LastStatus != 503 || !bytes.Equal(got.Body, op.Body) {
 		t.Fatalf("k1 after reopen: %+v, %v", got, err)
 	}
-	if got, err := s.Get(ctx, "k2"); err != nil || got.State != idem.StateSucceeded {
+	if got, err := s.Get(ctx, "k2"); err != nil || got.State != idemstore.StateSucceeded {
 		t.Fatalf("k2 after reopen: %+v, %v", got, err)
 	}
 }
@@ -97,8 +98,8 @@ func TestBoltStoreLocked(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "journal.db")
 	openBolt(t, path)
 	// flock also excludes a second handle in the same process.
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond})
-	if !errors.Is(err, idem.ErrJournalLocked) {
+	s, err := boltjournal.Open(path, &boltjournal.Options{LockTimeout: 50 * time.Millisecond})
+	if !errors.Is(err, idemstore.ErrJournalLocked) {
 		if s != nil {
 			s.Close()
 		}
@@ -113,7 +114,7 @@ func init() { crashChildren["reserve"] = childReserve }
 // it is killed.
 func childReserve() int {
 	ctx := context.Background()
-	s, err := idem.OpenBoltStore(os.Getenv("IDEM_JOURNAL"), nil)
+	s, err := boltjournal.Open(os.Getenv("IDEM_JOURNAL"), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -134,7 +135,7 @@ func childReserve() int {
 				}
 				crashtest.Emit("reserved", key)
 				if i%3 == 0 {
-					_ = s.Finish(ctx, key, idem.Outcome{State: idem.StateSucceeded, Status: 200})
+					_ = s.Finish(ctx, key, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 200})
 				}
 			}
 		}()
@@ -161,7 +162,7 @@ func TestCrashReserve(t *testing.T) {
 			t.Fatal("child reserved nothing before it was killed")
 		}
 		checkFile(t, path)
-		s, err := idem.OpenBoltStore(path, nil)
+		s, err := boltjournal.Open(path, nil)
 		if err != nil {
 			t.Fatalf("round %d: reopen after SIGKILL: %v", round, err)
 		}
@@ -174,7 +175,7 @@ func TestCrashReserve(t *testing.T) {
 			if named, err := s.Named(t.Context(), "name-"+k); err != nil || named.Key != k {
 				t.Errorf("round %d: name of %s: %v", round, k, err)
 			}
-			if op.State == idem.StatePending && !bytes.Equal(op.Body, newOp(k).Body) {
+			if op.State == idemstore.StatePending && !bytes.Equal(op.Body, newOp(k).Body) {
 				t.Errorf("round %d: pending %s lost its body", round, k)
 			}
 		}
@@ -196,7 +197,7 @@ func TestBoltStoreScrubsFinishedRequests(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "journal.db")
-			s, err := idem.OpenBoltStore(path, &idem.BoltOptions{ScrubDelay: tc.delay})
+			s, err := boltjournal.Open(path, &boltjournal.Options{ScrubDelay: tc.delay})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -205,7 +206,7 @@ func TestBoltStoreScrubsFinishedRequests(t *testing.T) {
 				op := newOp(fmt.Sprintf("key-%02d", i))
 				op.Body = []byte(fmt.Sprintf(`{"card":"%s","n":%d,"pad":"%s"}`, card, i, strings.Repeat("p", 40*i)))
 				mustReserve(t, s, op)
-				if err := s.Attempt(ctx, op.Key, idem.Attempt{Sent: 1, Status: 503}); err != nil {
+				if err := s.Attempt(ctx, op.Key, idemstore.Attempt{Sent: 1, Status: 503}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -223,7 +224,7 @@ func TestBoltStoreScrubsFinishedRequests(t *testing.T) {
 				t.Fatal("the card number is not in the journal at all: the test proves nothing")
 			}
 			for i := range 30 {
-				if err := s.Finish(ctx, fmt.Sprintf("key-%02d", i), idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+				if err := s.Finish(ctx, fmt.Sprintf("key-%02d", i), idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -263,7 +264,7 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	// Bodies from 32 KiB on are stored apart from their record; every
 	// path that returns or drops a request must see them.
 	path := filepath.Join(t.TempDir(), "journal.db")
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{ScrubDelay: -1})
+	s, err := boltjournal.Open(path, &boltjournal.Options{ScrubDelay: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +287,7 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	if err != nil || len(ops) != 2 || !bytes.Equal(ops[0].Body, big.Body) || !bytes.Equal(ops[1].Body, small.Body) {
 		t.Fatalf("Pending = %v, %v; want both with their bodies", keys(ops), err)
 	}
-	l := idem.Lease{Owner: "resumer", At: time.Now(), Until: time.Now().Add(time.Minute)}
+	l := idemstore.Lease{Owner: "resumer", At: time.Now(), Until: time.Now().Add(time.Minute)}
 	ops, err = s.Claim(ctx, l, "", 0)
 	if err != nil || len(ops) != 2 || !bytes.Equal(ops[0].Body, big.Body) {
 		t.Fatalf("Claim = %v, %v; want both, the big one with its body", keys(ops), err)
@@ -294,10 +295,10 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	if got, err := s.Get(ctx, "a-big"); err != nil || got.Owner != "resumer" || !bytes.Equal(got.Body, big.Body) {
 		t.Fatalf("after Claim: owner %q body of %d bytes, %v", got.Owner, len(got.Body), err)
 	}
-	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateSucceeded, Status: 201, At: time.Now()}); err != nil {
+	if err := s.Finish(ctx, "a-big", idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201, At: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.Get(ctx, "a-big"); err != nil || got.Body != nil || got.State != idem.StateSucceeded {
+	if got, err := s.Get(ctx, "a-big"); err != nil || got.Body != nil || got.State != idemstore.StateSucceeded {
 		t.Fatalf("after Finish: state %v body of %d bytes, %v", got.State, len(got.Body), err)
 	}
 	if n, err := s.Sweep(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
@@ -305,13 +306,13 @@ func TestBoltStoreLargeBodies(t *testing.T) {
 	}
 	// Acquire makes it pending again with a new large body.
 	again := body("4000000000000028", 64<<10)
-	if _, err := s.Acquire(ctx, "a-big", l, idem.Request{URL: "https://api.example.com/v1/charges", Body: again}); err != nil {
+	if _, err := s.Acquire(ctx, "a-big", l, idemstore.Request{URL: "https://api.example.com/v1/charges", Body: again}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Named(ctx, "pay:big"); err != nil || !bytes.Equal(got.Body, again) {
 		t.Fatalf("after Acquire: body of %d bytes, %v", len(got.Body), err)
 	}
-	if err := s.Finish(ctx, "a-big", idem.Outcome{State: idem.StateFailed, Status: 400}); err != nil {
+	if err := s.Finish(ctx, "a-big", idemstore.Outcome{State: idemstore.StateFailed, Status: 400}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -346,7 +347,7 @@ func TestBoltStoreOnCommitAndLastChange(t *testing.T) {
 		commits int
 		changes int
 	)
-	s, err := idem.OpenBoltStore(path, &idem.BoltOptions{OnCommit: func(n int, d time.Duration, err error) {
+	s, err := boltjournal.Open(path, &boltjournal.Options{OnCommit: func(n int, d time.Duration, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if err == nil && d >= 0 {
@@ -369,7 +370,7 @@ func TestBoltStoreOnCommitAndLastChange(t *testing.T) {
 
 	when := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	require.NoError(t, os.Chtimes(path, when, when))
-	s, err = idem.OpenBoltStore(path, nil)
+	s, err = boltjournal.Open(path, nil)
 	require.NoError(t, err)
 	defer s.Close()
 	last, err = s.LastChange(t.Context())

@@ -1,7 +1,7 @@
 // Scrubbing: the free pages that may still hold a finished operation's
 // request are overwritten with zeros.
 
-package idem
+package boltjournal
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/groupcommit"
 	bolt "go.etcd.io/bbolt"
 )
@@ -45,7 +46,7 @@ func (f *boltFile) scrub(tx *bolt.Tx) error {
 		for runLen > 0 {
 			n := min(runLen, 64)
 			if _, err := f.WriteAt(zeros[:n*ps], int64(run)*int64(ps)); err != nil {
-				return fmt.Errorf("%w: scrubbing free pages: %w", ErrJournalWrite, err)
+				return fmt.Errorf("%w: scrubbing free pages: %w", idemstore.ErrJournalWrite, err)
 			}
 			run, runLen = run+n, runLen-n
 		}
@@ -91,7 +92,7 @@ func raise(a *atomic.Uint64, v uint64) {
 
 // scrubber runs scrubs while the store is open: at most delay after a
 // commit that dropped a request, and again while a scrub leaves one due.
-func (s *BoltStore) scrubber(delay time.Duration) {
+func (s *Store) scrubber(delay time.Duration) {
 	defer close(s.scrubDone)
 	t := time.NewTimer(delay)
 	t.Stop()
@@ -125,7 +126,7 @@ func (s *BoltStore) scrubber(delay time.Duration) {
 
 // kickScrub asks the scrubber for a scrub after its delay. It never
 // blocks.
-func (s *BoltStore) kickScrub() {
+func (s *Store) kickScrub() {
 	select {
 	case s.scrubKick <- struct{}{}:
 	default:

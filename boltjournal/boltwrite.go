@@ -1,4 +1,4 @@
-package idem
+package boltjournal
 
 // The bbolt journal's writes: the KeyStore methods that change records,
 // each a change committed by the group commit (boltstore.go).
@@ -9,20 +9,21 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/idemgo/idem/idemstore"
 	"github.com/idemgo/idem/internal/codec"
 	bolt "go.etcd.io/bbolt"
 )
 
 // Reserve implements KeyStore. It returns once the new record is durable.
-func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool, error) {
+func (s *Store) Reserve(ctx context.Context, op idemstore.Operation) (idemstore.Operation, bool, error) {
 	if err := s.check(ctx); err != nil {
-		return Operation{}, false, err
+		return idemstore.Operation{}, false, err
 	}
 	if op.Key == "" || isBodyKey([]byte(op.Key)) {
 		// What the format cannot hold: bbolt has no empty key, and a key
 		// ending in NUL names a body stored apart. The journal's keys are
 		// visible ASCII (CheckKey).
-		return Operation{}, false, fmt.Errorf("reserve %q: %w: the bbolt journal cannot hold an empty key or one ending in NUL", op.Key, ErrInvalidKey)
+		return idemstore.Operation{}, false, fmt.Errorf("reserve %q: %w: the bbolt journal cannot hold an empty key or one ending in NUL", op.Key, idemstore.ErrInvalidKey)
 	}
 	s.seen(op.Owner)
 	rv := reservations.Get().(*reservation)
@@ -35,15 +36,15 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 	}
 	rv.key, rv.val = encodeKV(rv.small[:0], op.Key, &rec)
 	if err := s.write(ctx, rv.fn); err != nil {
-		return Operation{}, false, fmt.Errorf("reserve %s: %w", op.Key, err)
+		return idemstore.Operation{}, false, fmt.Errorf("reserve %s: %w", op.Key, err)
 	}
 	if !rv.created {
-		if rv.existing.State == StatePending {
+		if rv.existing.State == idemstore.StatePending {
 			s.setLive(rv.existing.Key)
 		}
 		return rv.existing, false, nil
 	}
-	if op.State == StatePending {
+	if op.State == idemstore.StatePending {
 		s.setLive(op.Key)
 	}
 	// op.Header and op.Body are shared with the caller, as Reserve's
@@ -60,11 +61,11 @@ func (s *BoltStore) Reserve(ctx context.Context, op Operation) (Operation, bool,
 // refers to one any more.
 type reservation struct {
 	fn       func(*bolt.Tx) error // run, made once per reservation
-	op       Operation
+	op       idemstore.Operation
 	sc       *txScratch
 	key, val []byte // the encoded record, in one buffer
 	bodyKey  []byte // where op.Body goes if it is stored apart
-	existing Operation
+	existing idemstore.Operation
 	created  bool
 	small    [reservationBuf]byte
 }
@@ -82,7 +83,7 @@ var reservations = sync.Pool{New: func() any {
 // recycle clears the reservation, so that it holds on to no request, and
 // puts it back for another Reserve.
 func (rv *reservation) recycle() {
-	rv.op, rv.existing = Operation{}, Operation{}
+	rv.op, rv.existing = idemstore.Operation{}, idemstore.Operation{}
 	rv.sc, rv.key, rv.val, rv.bodyKey, rv.created = nil, nil, nil, nil, false
 	reservations.Put(rv)
 }
@@ -100,8 +101,8 @@ func (rv *reservation) run(tx *bolt.Tx) error {
 		}
 		if k := names.Get([]byte(rv.op.Name)); k != nil {
 			rv.existing, err = loadOp(ops, string(k))
-			if errors.Is(err, ErrNotFound) {
-				err = fmt.Errorf("%w: name %q points to missing record %s", ErrJournalCorrupt, rv.op.Name, k)
+			if errors.Is(err, idemstore.ErrNotFound) {
+				err = fmt.Errorf("%w: name %q points to missing record %s", idemstore.ErrJournalCorrupt, rv.op.Name, k)
 			}
 			return err
 		}
@@ -129,7 +130,7 @@ func (rv *reservation) run(tx *bolt.Tx) error {
 }
 
 // seen records owner as a lease owner of this session.
-func (s *BoltStore) seen(owner string) {
+func (s *Store) seen(owner string) {
 	if owner == "" {
 		return
 	}
@@ -140,7 +141,7 @@ func (s *BoltStore) seen(owner string) {
 
 // heldByOther is Lease.BlockedBy, with leases of owners not seen since
 // the file was opened lapsed.
-func (s *BoltStore) heldByOther(l Lease, owner string, until int64) bool {
+func (s *Store) heldByOther(l idemstore.Lease, owner string, until int64) bool {
 	if !l.BlockedBy(owner, fromNanos(until)) {
 		return false
 	}
@@ -149,13 +150,13 @@ func (s *BoltStore) heldByOther(l Lease, owner string, until int64) bool {
 }
 
 // Acquire implements KeyStore. It returns once the change is durable.
-func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request) (Operation, error) {
+func (s *Store) Acquire(ctx context.Context, key string, l idemstore.Lease, rq idemstore.Request) (idemstore.Operation, error) {
 	if err := s.check(ctx); err != nil {
-		return Operation{}, err
+		return idemstore.Operation{}, err
 	}
 	s.seen(l.Owner)
 	now := toNanos(l.At)
-	var op Operation
+	var op idemstore.Operation
 	err := s.write(ctx, func(tx *bolt.Tx) error {
 		ops, err := opsOf(tx)
 		if err != nil {
@@ -163,13 +164,13 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request
 		}
 		apart := false // the new body goes apart
 		err = s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
-			pending := State(r.State) == StatePending
+			pending := idemstore.State(r.State) == idemstore.StatePending
 			if pending && s.heldByOther(l, r.Owner, r.LeaseUntil) {
-				return nil, fmt.Errorf("leased to %q: %w", r.Owner, ErrInProgress)
+				return nil, fmt.Errorf("leased to %q: %w", r.Owner, idemstore.ErrInProgress)
 			}
 			r.Owner, r.LeaseUntil, r.Updated = l.Owner, toNanos(l.Until), now
 			if !pending {
-				r.State, r.URL = uint8(StatePending), rq.URL
+				r.State, r.URL = uint8(idemstore.StatePending), rq.URL
 				if apart = len(rq.Body) >= bodyApart; apart {
 					r.Flags |= flagBodyApart
 					req = codec.AppendRequest(nil, rq.Header, nil)
@@ -191,14 +192,14 @@ func (s *BoltStore) Acquire(ctx context.Context, key string, l Lease, rq Request
 		return err
 	})
 	if err != nil {
-		return Operation{}, fmt.Errorf("acquire %q: %w", key, err)
+		return idemstore.Operation{}, fmt.Errorf("acquire %q: %w", key, err)
 	}
 	s.setLive(key)
 	return op, nil
 }
 
 // Renew implements KeyStore. It returns once the change is durable.
-func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
+func (s *Store) Renew(ctx context.Context, key string, l idemstore.Lease) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -208,8 +209,8 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 			return err
 		}
 		return s.change(ops, key, func(r *codec.Record, req []byte) ([]byte, error) {
-			if State(r.State) != StatePending || r.Owner != l.Owner {
-				return nil, ErrLeaseLost
+			if idemstore.State(r.State) != idemstore.StatePending || r.Owner != l.Owner {
+				return nil, idemstore.ErrLeaseLost
 			}
 			r.LeaseUntil = toNanos(l.Until)
 			return req, nil
@@ -226,7 +227,7 @@ func (s *BoltStore) Renew(ctx context.Context, key string, l Lease) error {
 // cannot be read. When the commit finds the record finished or held by
 // another owner than a.Owner, the mark changes nothing (KeyStore.Attempt);
 // so for Finish.
-func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
+func (s *Store) Attempt(ctx context.Context, key string, a idemstore.Attempt) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -263,7 +264,7 @@ func (s *BoltStore) Attempt(ctx context.Context, key string, a Attempt) error {
 // Finish implements KeyStore. The change, which also drops the stored
 // request, is queued for the next commit; Finish returns an error at once
 // only if the record does not exist or cannot be read.
-func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
+func (s *Store) Finish(ctx context.Context, key string, o idemstore.Outcome) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
@@ -282,7 +283,7 @@ func (s *BoltStore) Finish(ctx context.Context, key string, o Outcome) error {
 // ErrRecordVersion at once. A key this store reserved, acquired or claimed
 // and has not finished is known without a read; any other is looked up.
 // With finish, a live key stops being live.
-func (s *BoltStore) known(key string, finish bool) error {
+func (s *Store) known(key string, finish bool) error {
 	if s.takeLive(key, finish) {
 		return nil
 	}
@@ -293,7 +294,7 @@ func (s *BoltStore) known(key string, finish bool) error {
 		}
 		v := ops.Get([]byte(key))
 		if v == nil {
-			return fmt.Errorf("%q: %w", key, ErrNotFound)
+			return fmt.Errorf("%q: %w", key, idemstore.ErrNotFound)
 		}
 		if _, err := codec.Check(v); err != nil {
 			return codecErr(key, err)

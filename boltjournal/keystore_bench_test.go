@@ -1,4 +1,4 @@
-package idem_test
+package boltjournal_test
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/boltjournal"
+	"github.com/idemgo/idem/idemstore"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -23,23 +25,23 @@ import (
 func BenchmarkJournal(b *testing.B) {
 	stores := []struct {
 		name string
-		open func(b *testing.B) idem.KeyStore
+		open func(b *testing.B) idemstore.KeyStore
 	}{
-		{"group", func(b *testing.B) idem.KeyStore {
-			s, err := idem.OpenBoltStore(filepath.Join(b.TempDir(), "journal.db"), nil)
+		{"group", func(b *testing.B) idemstore.KeyStore {
+			s, err := boltjournal.Open(filepath.Join(b.TempDir(), "journal.db"), nil)
 			if err != nil {
 				b.Fatal(err)
 			}
 			return s
 		}},
-		{"perwrite", func(b *testing.B) idem.KeyStore {
-			s, err := idem.OpenBoltStorePerWrite(filepath.Join(b.TempDir(), "journal.db"), nil)
+		{"perwrite", func(b *testing.B) idemstore.KeyStore {
+			s, err := boltjournal.OpenPerWrite(filepath.Join(b.TempDir(), "journal.db"), nil)
 			if err != nil {
 				b.Fatal(err)
 			}
 			return s
 		}},
-		{"memory", func(*testing.B) idem.KeyStore { return idem.NewMemoryStore() }},
+		{"memory", func(*testing.B) idemstore.KeyStore { return idem.NewMemoryStore() }},
 	}
 	body := []byte(`{"amount":4200,"currency":"eur","customer":"cus_123","description":"order 42"}`)
 	for _, callers := range []int{1, 32, 128} {
@@ -61,7 +63,7 @@ func BenchmarkJournal(b *testing.B) {
 								b.Error(err)
 								return
 							}
-							if err := s.Finish(ctx, op.Key, idem.Outcome{State: idem.StateSucceeded, Status: 201}); err != nil {
+							if err := s.Finish(ctx, op.Key, idemstore.Outcome{State: idemstore.StateSucceeded, Status: 201}); err != nil {
 								b.Error(err)
 								return
 							}
@@ -109,7 +111,7 @@ func BenchmarkBoltPut(b *testing.B) {
 // journal's path still names the open file (one stat): compare it with a
 // commit (BenchmarkBoltPut).
 func BenchmarkStillNamed(b *testing.B) {
-	s, err := idem.OpenBoltStore(filepath.Join(b.TempDir(), "journal.db"), nil)
+	s, err := boltjournal.Open(filepath.Join(b.TempDir(), "journal.db"), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

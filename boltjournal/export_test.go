@@ -1,0 +1,51 @@
+package boltjournal
+
+import "time"
+
+// OpenPerWrite opens a Store that commits every change in its
+// own bbolt Update, without group commit: the benchmarks' baseline. It uses
+// the same codec and layout as Open.
+func OpenPerWrite(path string, o *Options) (*Store, error) {
+	var opt Options
+	if o != nil {
+		opt = *o
+	}
+	opt.perWrite = true
+	return Open(path, &opt)
+}
+
+// Journal bucket names and format marker, for tests that damage or forge
+// a journal on purpose.
+var (
+	BucketOps     = bucketOps
+	BucketMeta    = bucketMeta
+	MetaFormatKey = metaFormatKey
+)
+
+// StillNamed is the check that the journal's path still names its file,
+// made before each commit.
+func (s *Store) StillNamed() error { return s.f.StillNamed() }
+
+// OpenBeforeCompact opens a Store that calls hook, with the
+// journal's lock held, when Open has decided to compact it.
+func OpenBeforeCompact(path string, o *Options, hook func()) (*Store, error) {
+	var opt Options
+	if o != nil {
+		opt = *o
+	}
+	opt.beforeCompact = hook
+	return Open(path, &opt)
+}
+
+// OpenHoldingMarks opens a Store whose queued Attempt and
+// Finish marks are not committed on their own (for an hour), so they ride
+// the next durable write or Close: for tests that need the marks in a
+// given commit.
+func OpenHoldingMarks(path string, o *Options) (*Store, error) {
+	var opt Options
+	if o != nil {
+		opt = *o
+	}
+	opt.asyncDelay = time.Hour
+	return Open(path, &opt)
+}
