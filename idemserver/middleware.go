@@ -70,6 +70,10 @@ import (
 // and keep their own writes in the request's transaction when the Store
 // is a TxStore (pgstore.Tx).
 //
+// What the middleware buffers for keyed requests in flight (their bodies
+// and answers) is bounded by WithMaxBufferedBytes: a request that does
+// not fit gets 503 with Retry-After before its body is read.
+//
 // If the store cannot be reached when the key is claimed the answer is 503
 // and the handler does not run (fail closed). Every store call is bounded
 // by WithStoreTimeout. The middleware's own answers are complete
@@ -83,6 +87,7 @@ type Middleware struct {
 	now   func() time.Time // time.Now; tests of a crash replace it
 
 	lastSweep atomic.Int64 // unix nanoseconds of the last sweep
+	buffered  budget       // bytes reserved by keyed requests in flight
 	sweeping  atomic.Bool
 
 	mu     sync.Mutex
@@ -221,6 +226,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+
+	reserved, ok := m.reserve(w, r)
+	if !ok {
+		return // before the body is read
+	}
+	defer m.buffered.give(reserved)
 
 	// On a key route the body is read after the fingerprint's prefix, so
 	// that the fingerprint is one SHA-256 over one buffer.

@@ -62,6 +62,7 @@ type config struct {
 	principal   func(*http.Request) (string, error)
 	single      bool // WithSingleTenant: no principal, on purpose
 	verify      WebhookVerifier
+	maxBuffered int64 // WithMaxBufferedBytes
 	fpHeaders   []string
 	replay      []string
 	lease       time.Duration
@@ -87,6 +88,7 @@ func newConfig(opts []Option) config {
 		retryAfter:  DefaultRetryAfter,
 		maxBody:     DefaultMaxBodyBytes,
 		maxResponse: DefaultMaxResponseBytes,
+		maxBuffered: DefaultMaxBufferedBytes,
 		storeClient: true,
 		sweepEvery:  DefaultSweepInterval,
 		timeout:     DefaultStoreTimeout,
