@@ -65,6 +65,13 @@ type Options struct {
 	// with Store.Salvage). An application must not set it: the check
 	// is what keeps it from trusting a damaged journal.
 	SkipCheck bool
+	// ReadOnly opens an existing journal for reading only, under a shared
+	// lock, for tools (the idem command's verify, ls, pending, show and
+	// stats): nothing is written to the file, not even a compaction or a
+	// scrub, and a file that lacks one of the journal's buckets is
+	// ErrJournalCorrupt instead of getting an empty one. Every change
+	// fails with an error matching ErrJournalWrite.
+	ReadOnly bool
 
 	// beforeCompact runs when Open has decided to compact the journal,
 	// with its lock held. It exists for tests.
@@ -130,7 +137,7 @@ var journalErrors = boltfile.Errors{
 // and compacts it if it is mostly free. Only a missing file creates a
 // journal: an existing empty or short file is a lost journal
 // (ErrJournalCorrupt).
-func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
+func openFile(path string, timeout time.Duration, readOnly bool, beforeCompact func()) (*boltFile, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", idemstore.ErrJournalWrite)
 	}
@@ -145,6 +152,7 @@ func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFi
 		CheckFormat:   checkFormat,
 		Buckets:       [][]byte{bucketOps, bucketNames},
 		Compact:       true,
+		ReadOnly:      readOnly,
 		BeforeCompact: beforeCompact,
 	})
 	if err != nil {
