@@ -77,9 +77,9 @@ func keyedAllocs(t *testing.T, store KeyStore) float64 {
 
 // TestKeyedRequestAllocations bounds what idem adds to a keyed request,
 // beyond the key: with the memory store, the body, the outgoing header
-// map with its group, the operation (which holds the request copy, its
-// context, the in-flight entry and the first attempt's body reader), the
-// trace hook, GetBody, the boxing of that reader, and a share of a block
+// map with its group, the operation (which holds the request copy, the
+// in-flight entry and the first attempt's body reader), the context that
+// carries its trace (httptrace.WithClientTrace's), the trace hook, GetBody, the boxing of that reader, and a share of a block
 // of the store's records; the journaled header and URL are shared with
 // the request before, which had the same. With the bbolt journal, also
 // what one Reserve and one Finish cost, mostly bbolt's own (a cursor
@@ -91,7 +91,7 @@ func TestKeyedRequestAllocations(t *testing.T) {
 		t.Skip("allocation counts differ under the race detector")
 	}
 	t.Run("memory", func(t *testing.T) {
-		n, want := keyedAllocs(t, NewMemoryStore()), 8.0
+		n, want := keyedAllocs(t, NewMemoryStore()), 9.0
 		t.Logf("%v allocations besides the key", n)
 		if n > want {
 			t.Errorf("a keyed request allocates %v times besides its key, want at most %v", n, want)
@@ -143,9 +143,6 @@ func TestTraceBesideCallersTrace(t *testing.T) {
 			t.Errorf("own trace %v: %d attempts recorded, value %v, caller's trace called %d times", own, op.Attempts, seen, callers)
 		}
 		c.Close()
-	}
-	if traceKey == nil {
-		t.Error("the probe found no key for httptrace's trace")
 	}
 }
 

@@ -56,7 +56,6 @@ type operation struct {
 	original   int                   // then, the status the server first sent, or 0
 	match      [32]byte              // its key in recentCalls; zero: none
 	trace      httptrace.ClientTrace // counts the requests written
-	ctx        tracedCtx             // the requests' context, with trace
 	req        http.Request          // the request its attempts send (outgoing)
 	answer     answerBody            // the body handed to the caller
 	first      bytes.Reader          // the body of the first attempt

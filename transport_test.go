@@ -139,7 +139,8 @@ func post(t *testing.T, ctx context.Context, c *http.Client, body string) (*http
 	return c.Do(req)
 }
 
-// TestWireTable runs one case per row of DESIGN.md's wire table.
+// TestWireTable runs the cases of docs/DESIGN.md's wire table, at least
+// one per row: each row of that table names the cases here that check it.
 func TestWireTable(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -159,6 +160,7 @@ func TestWireTable(t *testing.T) {
 		{"302", []step{resp(302)}, 1, 302, nil, idem.StateSucceeded, 0},
 		{"409 in progress", []step{resp(409, "Retry-After", "3"), resp(200)}, 2, 200, nil, idem.StateSucceeded, 3 * time.Second},
 		{"409 key already used", []step{{status: 409, body: `{"type":"https://x/problems/idempotency_key_already_used"}`}}, 1, 409, nil, idem.StateFailed, 0},
+		{"409 performed, answer not kept", []step{{status: 409, body: `{"type":"https://x/problems#already-used-response-not-kept","original_status":201}`}, resp(200)}, 1, 409, nil, idem.StateSucceeded, 0},
 		{"422", []step{resp(422), resp(200)}, 1, 422, nil, idem.StateFailed, 0},
 		{"400", []step{resp(400), resp(200)}, 1, 400, nil, idem.StateFailed, 0},
 		{"401", []step{resp(401), resp(200)}, 1, 401, nil, idem.StateFailed, 0},
@@ -171,10 +173,13 @@ func TestWireTable(t *testing.T) {
 		{"502", []step{resp(502), resp(200)}, 2, 200, nil, idem.StateSucceeded, 0},
 		{"503", []step{resp(503), resp(200)}, 2, 200, nil, idem.StateSucceeded, 0},
 		{"504", []step{resp(504), resp(200)}, 2, 200, nil, idem.StateSucceeded, 0},
+		{"529", []step{resp(529), resp(200)}, 2, 200, nil, idem.StateSucceeded, 0},
 		{"503 until attempts run out", []step{resp(503)}, 4, 503, nil, idem.StateFailed, 0},
 		{"501", []step{resp(501), resp(200)}, 1, 501, nil, idem.StateFailed, 0},
 		{"505", []step{resp(505), resp(200)}, 1, 505, nil, idem.StateFailed, 0},
 		{"TLS verification", []step{fail(&wrappedErr{x509.UnknownAuthorityError{}}), resp(200)}, 1, 0, idem.ErrNotRetryable, idem.StateFailed, 0},
+		{"Stripe-Should-Retry: true on a 400", []step{resp(400, "Stripe-Should-Retry", "true"), resp(200)}, 2, 200, nil, idem.StateSucceeded, 0},
+		{"X-Should-Retry: false on a 503", []step{resp(503, "X-Should-Retry", "false"), resp(200)}, 1, 503, nil, idem.StateFailed, 0},
 		{"network error until attempts run out", []step{fail(errReset)}, 4, 0, idem.ErrAttemptsExhausted, idem.StatePending, 0},
 		{"refused until attempts run out", []step{fail(errRefused)}, 4, 0, idem.ErrAttemptsExhausted, idem.StateFailed, 0},
 	}

@@ -2,7 +2,7 @@
 // would otherwise pick, over loopback, against a server in a child process.
 // It is its own module so that the peers never enter idem's go.mod.
 //
-// Run it with run.sh; BENCHMARKS.md explains the figures.
+// Run it with run.sh; bench/HISTORY.md ("Peers") explains the figures.
 package bench
 
 import (

@@ -54,7 +54,7 @@ if command -v strace > /dev/null; then
       awk '{printf "%d %d %d %d %.3f %.3f\n", $1, $2, $3, $4, ($3-$4)/$2, 1/$1}' | tee -a "$OUT/fsync.txt"
   done
   rm -f "$OUT/strace.tmp"
-  echo "# ideal_per_request counts commits (1 per group of in-flight requests); one bbolt commit issues fdatasync more than once, see BENCHMARKS.md" >> "$OUT/fsync.txt"
+  echo "# ideal_per_request counts commits (1 per group of in-flight requests); one bbolt commit issues fdatasync more than once, see bench/HISTORY.md (Durability cost)" >> "$OUT/fsync.txt"
 else
   echo "# skipped: strace missing (apt-get install -y strace)" | tee -a "$OUT/fsync.txt"
 fi

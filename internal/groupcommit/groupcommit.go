@@ -207,7 +207,13 @@ func (w *Writer[T]) Do(ctx context.Context, fn func(T) error) error {
 	case err = <-it.res:
 	case <-ctx.Done():
 		if it.state.CompareAndSwap(queued, cancelled) {
-			// The queue still holds it: not reusable.
+			// The queue still holds it: not reusable. And fn never runs
+			// now (run skips a cancelled item): boltjournal reuses a
+			// Reserve's change, fn's receiver, as soon as Do returns
+			// (boltjournal/boltwrite.go, reservation), so running a
+			// change after its Do returned would write another
+			// reservation's record. docs/DESIGN.md, "Allocation
+			// invariants"; TestCancelWhileQueued pins it.
 			return context.Cause(ctx)
 		}
 		err = <-it.res
@@ -251,7 +257,8 @@ func (w *Writer[T]) leadFor(it *item[T]) error {
 			// Go, which head every group until a commit succeeds: rather
 			// than retry them at once, for as long as the disk refuses,
 			// fail closed, as its group would have. It stays queued,
-			// cancelled, as an item whose context ended.
+			// cancelled, as an item whose context ended, so its fn never
+			// runs after Do returns (see Do's cancel path).
 			it.state.Store(cancelled)
 			w.self, w.selfErr, dropped = nil, w.failErr, true
 		}

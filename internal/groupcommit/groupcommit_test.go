@@ -389,6 +389,10 @@ func TestCloseFlushesAndRefuses(t *testing.T) {
 	}
 }
 
+// TestCancelWhileQueued checks that a function whose Do returned because
+// its context ended while it was queued never runs: boltjournal reuses a
+// Reserve's change once Do returns (docs/DESIGN.md, "Allocation
+// invariants").
 func TestCancelWhileQueued(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		db := newFakeDB()
