@@ -6,9 +6,10 @@ import (
 )
 
 // DefaultMaxBufferedBytes bounds the bytes the middleware holds for keyed
-// requests in flight: 256 MiB, room for 128 requests at the default body
-// and response limits whose bodies are of unknown length, and for about
-// 256 with small bodies of known length.
+// requests in flight: 256 MiB, room at the default body and response
+// limits for 127 requests whose bodies are of unknown length (each
+// reserves 2 MiB and a byte), and for about 255 with small bodies of
+// known length.
 const DefaultMaxBufferedBytes = 256 << 20
 
 // WithMaxBufferedBytes bounds, in bytes, what the middleware buffers for
@@ -60,7 +61,7 @@ func (b *budget) give(n int64) { b.used.Add(-n) }
 // reserve reserves what r's body and answer may take, or answers 503 and
 // returns 0, false.
 func (m *Middleware) reserve(w http.ResponseWriter, r *http.Request) (int64, bool) {
-	body := m.cfg.maxBody + 1 // readBody reads one byte more to find a longer body
+	body := m.cfg.maxBody + 1 // readBody reads a byte more to find a longer body
 	if r.ContentLength >= 0 && r.ContentLength < body {
 		body = r.ContentLength
 	}
