@@ -163,8 +163,9 @@ func (c *config) maskedURL(raw string) string {
 }
 
 // redactText returns s with every URL in it (a run of text from a scheme's
-// "://" to a space, quote or end) masked as maskedURL does, for error
-// texts: net/http's *url.Error quotes the request's URL with its query.
+// "://" to a space, quote or end) that holds user info or a secret query
+// parameter masked as maskedURL does, for error texts: net/http's
+// *url.Error quotes the request's URL with its query.
 func (c *config) redactText(s string) string {
 	if !strings.Contains(s, "://") {
 		return s
@@ -185,10 +186,10 @@ func (c *config) redactText(s string) string {
 		}
 		b.WriteString(s[:start])
 		raw := s[start:end]
-		if m := c.maskedURL(raw); m != "" && strings.ContainsAny(raw, "?@") {
-			b.WriteString(m)
+		if u, err := url.Parse(raw); err == nil && (u.User != nil || c.hasSecretQuery(u.RawQuery)) {
+			b.WriteString(c.maskedURL(raw))
 		} else {
-			b.WriteString(raw)
+			b.WriteString(raw) // nothing to hide: the text as it was
 		}
 		s = s[end:]
 	}

@@ -102,6 +102,8 @@ func TestRedactURLAndText(t *testing.T) {
 	text := `Post "https://h.example/p?api_key=k1&ok=1": dial tcp: connection refused`
 	assert.Equal(t, `Post "https://h.example/p?api_key=REDACTED&ok=1": dial tcp: connection refused`, idem.RedactText(text))
 	assert.Equal(t, "no url here", idem.RedactText("no url here"))
+	keep := `Post "https://h.example/p?ok=1&x=%zz#frag": EOF`
+	assert.Equal(t, keep, idem.RedactText(keep), "a URL without secrets is left as it was")
 	h := idem.RedactHeader(http.Header{"X-Api-Key": {"k"}, "Content-Type": {"application/json"}})
 	assert.Equal(t, http.Header{"X-Api-Key": {"REDACTED"}, "Content-Type": {"application/json"}}, h)
 	for _, name := range []string{"X-Api-Key", "Api-Key", "X-Auth-Token", "X-Amz-Security-Token", "Authorization", "Cookie"} {
