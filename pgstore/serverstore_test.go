@@ -268,7 +268,35 @@ func ExampleOpenServerStore() {
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	})
+	// A key belongs to the account the application's authentication put
+	// in the request's context (see accountOf).
+	mw := idemserver.New(keys, idemserver.WithPrincipal(accountOf))
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idemserver.New(keys, idemserver.WithSingleTenant()).Required(createOrder))
+	mux.Handle("POST /orders", authenticate(mw.Required(createOrder)))
 	_ = http.ListenAndServe(":8080", mux)
+}
+
+// accountKey is the context key of the account authenticate found.
+type accountKey struct{}
+
+// authenticate stands for the application's authentication: it puts the
+// account a bearer token names in the request's context, or answers 401.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, "acct_for_"+token)))
+	})
+}
+
+// accountOf is the middleware's principal function: the account in the
+// request's context.
+func accountOf(r *http.Request) (string, error) {
+	if acct, ok := r.Context().Value(accountKey{}).(string); ok {
+		return acct, nil
+	}
+	return "", idemserver.ErrNoCredentials
 }
