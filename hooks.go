@@ -408,7 +408,7 @@ func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
 		attrs = append(attrs, "http.response.status_code", status)
 	}
 	if err != nil {
-		attrs = append(attrs, "exception.message", err)
+		attrs = append(attrs, "exception.message", errText(err))
 	}
 	j.log.Debug("idem: resume took operation", attrs...)
 }

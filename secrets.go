@@ -197,6 +197,15 @@ func (c *config) redactText(s string) string {
 	return b.String()
 }
 
+// errText returns err's text for a log line, its URLs redacted (see
+// redactText), or nil for a nil err.
+func errText(err error) any {
+	if err == nil {
+		return nil
+	}
+	return secrets.redactText(err.Error())
+}
+
 // isSchemeByte reports whether c may be in a URL scheme.
 func isSchemeByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'

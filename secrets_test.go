@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -61,13 +62,15 @@ func secretRequest(t *testing.T) (*http.Request, []string) {
 // TestDefaultSecretsNeverJournaled is finding 4 of issue 35: X-Api-Key and
 // the other default secret headers, and SigV4's presign parameters, are in
 // neither the bbolt file's bytes nor the journaled URL; the error a base
-// transport returned, quoting the URL, is journaled and returned with the
-// URL redacted.
+// transport returned, quoting the URL, is journaled, logged and returned
+// with the URL redacted.
 func TestDefaultSecretsNeverJournaled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "journal.db")
 		rt := &quotingRT{}
-		c, err := idem.Open(path, idem.WithBaseTransport(rt), idem.WithMaxAttempts(1))
+		var logs bytes.Buffer
+		c, err := idem.Open(path, idem.WithBaseTransport(rt), idem.WithMaxAttempts(1),
+			idem.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 		require.NoError(t, err)
 		defer c.Close()
 		req, secrets := secretRequest(t)
@@ -77,6 +80,11 @@ func TestDefaultSecretsNeverJournaled(t *testing.T) {
 			assert.NotContains(t, err.Error(), s, "the error text idem built holds a secret query parameter")
 		}
 		assert.Contains(t, err.Error(), "part=3", "the harmless query is kept")
+
+		require.Contains(t, logs.String(), "left in doubt")
+		for _, s := range secrets {
+			assert.NotContains(t, logs.String(), s, "the log holds a secret")
+		}
 
 		raw, err := os.ReadFile(path)
 		require.NoError(t, err)
