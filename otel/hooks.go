@@ -181,7 +181,7 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if et != "" {
 			desc := ""
 			if a.Err != nil {
-				desc = a.Err.Error()
+				desc = idem.RedactText(a.Err.Error()) // a *url.Error quotes the URL as sent
 			}
 			span.SetStatus(codes.Error, desc)
 		}

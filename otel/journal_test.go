@@ -2,6 +2,7 @@ package idemotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -141,4 +142,16 @@ func TestURLFullRedactsSigV4(t *testing.T) {
 	require.Len(t, ended, 1)
 	got := attrs(ended[0].Attributes())["url.full"].AsString()
 	assert.Equal(t, "https://s3.example/b/o?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&x-amz-security-token=REDACTED&refresh_token=REDACTED&part=1", got)
+
+	// A failed attempt's status description is the error's text, whose
+	// *url.Error quotes the URL as sent: redacted too.
+	in.Hooks().AttemptDone(idem.AttemptInfo{OperationInfo: idem.OperationInfo{Method: "PUT", URL: raw}, Attempt: 2,
+		Err: &url.Error{Op: "Put", URL: raw, Err: errors.New("connection reset by peer")}})
+	ended = spans.Ended()
+	require.Len(t, ended, 2)
+	desc := ended[1].Status().Description
+	assert.Contains(t, desc, "connection reset by peer")
+	for _, secret := range []string{"AKIDx", "f00d", "=tok", "=rt"} {
+		assert.NotContains(t, desc, secret)
+	}
 }
