@@ -9,9 +9,11 @@ import (
 // This file owns redaction: which request headers and URL query
 // parameters are secrets, and how a URL, a header or an error text is
 // shown without them. The journal (journaledURL, journaledHeader), the
-// resend match key (matchKey's credentials), recorded error texts, the
-// redirect policy, and, through the exported functions, the otel package,
-// the idem command and the live page all use this one list.
+// resend match key (matchKey's credentials), recorded and returned error
+// texts and the log lines that carry them (errText), the redirect policy,
+// and, through the exported functions, the otel package (url.full, span
+// status), the idem command (show) and the live page (recent errors) all
+// use this one list.
 
 // defaultSecretHeaders are the request headers never journaled, never
 // forwarded on a redirect to another host, and shown as REDACTED.
