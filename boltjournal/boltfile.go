@@ -68,9 +68,7 @@ type Options struct {
 	// ReadOnly opens an existing journal for reading only, under a shared
 	// lock, for tools (the idem command's verify, ls, pending, show and
 	// stats): nothing is written to the file, not even a compaction or a
-	// scrub, and a file that lacks one of the journal's buckets is
-	// ErrJournalCorrupt instead of getting an empty one. Every change
-	// fails with an error matching ErrJournalWrite.
+	// scrub. Every change fails with an error matching ErrJournalWrite.
 	ReadOnly bool
 
 	// beforeCompact runs when Open has decided to compact the journal,
@@ -142,18 +140,21 @@ func openFile(path string, timeout time.Duration, readOnly bool, beforeCompact f
 		return nil, fmt.Errorf("open journal: %w: empty path", idemstore.ErrJournalWrite)
 	}
 	bf, err := boltfile.Open(path, boltfile.Options{
-		Kind:          "journal",
-		Foreign:       "an idem journal",
-		Errors:        journalErrors,
-		LockTimeout:   timeout,
-		Meta:          bucketMeta,
-		FormatKey:     metaFormatKey,
-		Marker:        metaFormat,
-		CheckFormat:   checkFormat,
-		Buckets:       [][]byte{bucketOps, bucketNames},
-		Compact:       true,
-		ReadOnly:      readOnly,
-		BeforeCompact: beforeCompact,
+		Kind:        "journal",
+		Foreign:     "an idem journal",
+		Errors:      journalErrors,
+		LockTimeout: timeout,
+		Meta:        bucketMeta,
+		FormatKey:   metaFormatKey,
+		Marker:      metaFormat,
+		CheckFormat: checkFormat,
+		Buckets:     [][]byte{bucketOps, bucketNames},
+		Compact:     true,
+		ReadOnly:    readOnly,
+		// Format 2 made both buckets with the marker: a missing one was lost,
+		// and with it what the journal knew.
+		BucketsRequired: true,
+		BeforeCompact:   beforeCompact,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)

@@ -52,10 +52,11 @@ import (
 // a file overwritten in place with an older copy is ErrJournalCorrupt, and
 // the store refuses all access. Close reports either.
 //
-// What Open checks: the file's size against its pages and its format
-// marker; then, walking the records and the names once each in key order
-// (which reads every leaf page of both B+trees, so a damaged page is
-// found), that every pending record and its body decode and pass their
+// What Open checks: the file's size against its pages, its format
+// marker and its buckets (a journal that lost its ops or names bucket is
+// ErrJournalCorrupt, and is not given an empty one); then, walking the
+// records and the names once each in key order (which reads every leaf
+// page of both B+trees, so a damaged page is found), that every pending record and its body decode and pass their
 // checksums, that every name maps to a well-formed key that has a
 // record, and that every named pending record is found by its name.
 // Finished records, and the names of finished records, are checked when

@@ -72,9 +72,13 @@ type Options struct {
 	// ReadOnly opens an existing file for reading only, under a shared
 	// lock: nothing is written, not even to a damaged file. Compact is
 	// ignored, a missing file is not created, and a file without the
-	// marker or one of Buckets is Corrupt (a writable Open creates a
-	// missing bucket).
+	// marker or one of Buckets is Corrupt.
 	ReadOnly bool
+	// BucketsRequired makes a writable Open refuse (Corrupt), rather than
+	// create, a bucket of Buckets that an existing file with the marker
+	// lacks: for files whose buckets all came with the marker, where a
+	// missing one was lost. A new file gets them all.
+	BucketsRequired bool
 	// BeforeCompact, if set, runs when Open has decided to compact, with
 	// the lock held (a test hook).
 	BeforeCompact func()
@@ -280,9 +284,12 @@ func (f *File) init() error {
 	if err != nil || ready {
 		return err
 	}
-	if o.ReadOnly {
-		return f.View(func(tx *bolt.Tx) error {
+	if o.ReadOnly || o.BucketsRequired {
+		err := f.View(func(tx *bolt.Tx) error {
 			if tx.Bucket(o.Meta) == nil {
+				if !o.ReadOnly {
+					return nil // a new file, or a foreign one: the Update below tells
+				}
 				return fmt.Errorf("%w: not %s (no format marker)", e.Corrupt, o.Foreign)
 			}
 			for _, name := range o.Buckets {
@@ -292,6 +299,9 @@ func (f *File) init() error {
 			}
 			return nil
 		})
+		if err != nil || o.ReadOnly {
+			return err
+		}
 	}
 	return f.Update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(o.Meta); m != nil {
