@@ -56,9 +56,10 @@ import (
 // marker and its buckets (a journal that lost its ops or names bucket is
 // ErrJournalCorrupt, and is not given an empty one); then, walking the
 // records and the names once each in key order (which reads every leaf
-// page of both B+trees, so a damaged page is found), that every pending record and its body decode and pass their
-// checksums, that every name maps to a well-formed key that has a
-// record, and that every named pending record is found by its name.
+// page of both B+trees, so a damaged page is found), that every pending
+// record and its body decode and pass their checksums, that every name
+// maps to a well-formed key that has a record, and that every named
+// pending record is found by its name.
 // Finished records, and the names of finished records, are checked when
 // they are read. A record written by a newer idem is no damage: Open
 // accepts it, and Pending and Resume report it (ErrRecordVersion). The
