@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/internal/wait"
 )
 
 // Client bundles a journal (KeyStore) and the Transport that uses it.
@@ -21,6 +23,10 @@ type Client struct {
 	http *http.Client
 
 	resuming chan struct{} // holds a token while a Resume runs
+	// resumeMu guards resumeDone, which is closed when the Resume holding
+	// the token returns: what Shutdown waits for.
+	resumeMu   sync.Mutex
+	resumeDone chan struct{}
 	// closing is cancelled, with cause ErrClosed, when Shutdown begins:
 	// the one signal that stops new Resumes, a running Resume and the
 	// background resumer.
@@ -143,10 +149,12 @@ func (c *Client) Pending(ctx context.Context, after string, limit int) ([]Operat
 	return ops, err
 }
 
-// closeWait bounds how long Close waits for calls in flight.
+// closeWait bounds how long Close waits: for calls in flight, for the
+// background resumer and a running Resume, for the journal's close.
 const closeWait = 30 * time.Second
 
-// Close is Shutdown with a bound of 30 seconds.
+// Close is Shutdown with a bound of 30 seconds (and the second Shutdown
+// keeps for the journal's close).
 func (c *Client) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()
@@ -154,16 +162,22 @@ func (c *Client) Close() error {
 }
 
 // Shutdown closes the Client gracefully, as http.Server.Shutdown does: new
-// calls and Resumes fail at once with ErrClosed, and a Resume that runs is
-// cancelled (what it was sending stays pending); calls in flight run to
-// their end (a
-// call ends when its caller has read its response body to the end or
-// closed it, or got an error), so their outcomes are recorded; then every
-// change is made durable and the journal is closed. If ctx ends first, the
-// journal is closed anyway: the calls still in flight stay pending in it
-// (Resume finishes them after the restart), and Shutdown returns an error
-// that says how many there were. Later calls return the first call's
-// result.
+// calls and Resumes fail at once with ErrClosed, and a Resume that runs
+// (the background resumer's too) is cancelled (what it was sending stays
+// pending); calls in flight run to their end (a call ends when its caller
+// has read its response body to the end or closed it, or got an error),
+// so their outcomes are recorded; then every change is made durable and
+// the journal is closed. Every one of these waits ends when ctx does:
+// then Shutdown goes on with the next, closes the journal anyway (the
+// calls still in flight stay pending in it, and Resume finishes them
+// after the restart), and returns an error that names each thing it
+// stopped waiting for and matches ctx's cause, such as
+// context.DeadlineExceeded. The sweeps and the journal's close still get
+// a second once ctx has ended, so Shutdown returns at most a second after
+// ctx ends. A Resume handler or a WithResumePrepare hook
+// that does not return never holds Shutdown past ctx; it goes on in the
+// background, against a closed journal. Later calls return the first
+// call's result.
 func (c *Client) Shutdown(ctx context.Context) error {
 	c.closeOnce.Do(func() { c.closeErr = c.shutdown(ctx) })
 	return c.closeErr
@@ -173,35 +187,52 @@ func (c *Client) shutdown(ctx context.Context) error {
 	j := c.t.j
 	c.stopClosing(ErrClosed)
 	idle, _ := j.calls.close()
-	if c.resumerDone != nil {
-		<-c.resumerDone
+	var errs []error
+	note := func(err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("idem: shutdown: %w", err))
+		}
 	}
-	// Each wait looks first whether its thing is done already: with ctx
-	// ended too, a select would pick at random and report what did not
-	// happen.
-	var waitErr error
-	if !ready(idle) {
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			if n := j.calls.count(); n > 0 {
-				waitErr = fmt.Errorf("idem: shutdown: %d calls still in flight stay pending: %w", n, context.Cause(ctx))
-			}
+	if c.resumerDone != nil {
+		note(wait.For(ctx, "the background resumer", c.resumerDone))
+	}
+	if err := wait.For(ctx, "calls in flight", idle); err != nil {
+		if n := j.calls.count(); n > 0 {
+			note(fmt.Errorf("%d calls still in flight stay pending: %w", n, err))
 		}
 	}
 	j.stopRenewal()
-	j.sweeps.Wait()
-	select {
-	case c.resuming <- struct{}{}: // no Resume runs; none starts after this
-	default:
-		select {
-		case c.resuming <- struct{}{}: // the running Resume has returned
-		case <-ctx.Done():
-			waitErr = errors.Join(waitErr, fmt.Errorf("idem: shutdown: a Resume is still running: %w", context.Cause(ctx)))
-		}
+	// No Resume starts once closing is cancelled (see resume): wait for
+	// the one that may run.
+	c.resumeMu.Lock()
+	running := c.resumeDone
+	c.resumeMu.Unlock()
+	if running != nil {
+		note(wait.For(ctx, "a running Resume", running))
 	}
-	return errors.Join(waitErr, j.store.Close())
+	// The last waits are for idem's own work, which is short unless a
+	// dependency is stuck: they get closeGrace when ctx has ended.
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), closeGrace)
+		defer cancel()
+	}
+	note(wait.For(ctx, "a sweep of finished operations", wait.Group(&j.sweeps)))
+	err := wait.Do(ctx, "the journal to close", func(context.Context) error { return j.store.Close() })
+	var gaveUp *wait.Error
+	if errors.As(err, &gaveUp) {
+		note(err)
+	} else if err != nil {
+		errs = append(errs, err) // the journal's own error, as it says it
+	}
+	return errors.Join(errs...)
 }
+
+// closeGrace is how long Shutdown still waits for its sweeps and the
+// journal's Close when ctx has ended already, so that a Shutdown that
+// gave up on a call in flight still closes a healthy journal: Shutdown
+// returns at most closeGrace after ctx ends.
+const closeGrace = time.Second
 
 // ready reports whether ch is closed.
 func ready(ch <-chan struct{}) bool {

@@ -61,7 +61,9 @@ type Hooks struct {
 	// error), the record of an attempt, its finish mark (then Settled is
 	// not called: the journal still holds the operation as pending, and
 	// Resume may send it again), or its lease. idem also logs each at
-	// Error.
+	// Error. The marks of an operation left in doubt that are still
+	// being written when its caller's context has ended plus a second go
+	// on in the background, and a failure of theirs is only logged.
 	JournalError func(JournalErrorInfo)
 	// TraceContext is called when an operation is journaled (reserved),
 	// with the request's context, and returns the W3C traceparent of the

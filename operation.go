@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemgo/idem/internal/wait"
 )
 
 // operation is one keyed operation's life in this process, from its
@@ -289,15 +291,26 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 // outcome and why it did not end the operation; the operation stays
 // pending.
 func (o *operation) recordAttempt(status int, errText, reason string) {
-	o.status = status
-	if o.unrecorded == 0 {
+	a, ok := o.unrecordedAttempt(status, errText, reason)
+	if !ok {
 		return
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
-	o.unrecorded = 0
 	if err := o.j.store.Attempt(context.Background(), o.rec.Key, a); err != nil {
 		o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, err)
 	}
+}
+
+// unrecordedAttempt returns the Attempt that records the attempts not yet
+// recorded, with the last outcome, and counts them as recorded; it
+// reports false when there are none.
+func (o *operation) unrecordedAttempt(status int, errText, reason string) (Attempt, bool) {
+	o.status = status
+	if o.unrecorded == 0 {
+		return Attempt{}, false
+	}
+	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
+	o.unrecorded = 0
+	return a, true
 }
 
 // end runs once when the operation ends, however it ends. fn (nil: none)
@@ -306,16 +319,19 @@ func (o *operation) recordAttempt(status int, errText, reason string) {
 // before the panic goes on.
 func (o *operation) end(fn func()) {
 	o.once.Do(func() {
-		defer func() {
-			o.j.flight.release(o.ids)
-			if o.live {
-				o.j.calls.done()
-			}
-		}()
+		defer o.leave()
 		if fn != nil {
 			fn()
 		}
 	})
+}
+
+// leave takes the ended operation out of flight, and uncounts its call.
+func (o *operation) leave() {
+	o.j.flight.release(o.ids)
+	if o.live {
+		o.j.calls.done()
+	}
 }
 
 // settle records that the caller received resp's answer: a success, or a
@@ -349,13 +365,33 @@ func (o *operation) settle(v verdict, status int) {
 	o.j.maybeSweep()
 }
 
+// inDoubtGrace is how long past its caller's deadline (or the end of its
+// context) an operation left in doubt may take to write its marks: the
+// attempt, and the release of its lease.
+const inDoubtGrace = time.Second
+
 // leaveInDoubt ends the operation without an answer for the caller after a
 // request may have reached the server: it stays pending for Resume or a
 // re-drive, and its lease is released so either may start at once. If the
 // operation had ended already it changes nothing and reports whether it
 // was settled.
+//
+// The caller waits for its marks (the attempt, the lease's release) until
+// its context has ended plus inDoubtGrace; the marks are not cancelled
+// with it. When the journal has not written them by then, leaveInDoubt
+// returns and they go on in the background, for at most the lease (past
+// it the lease has lapsed anyway), and a failure is logged; the operation
+// stays in flight in this process until they end, and pending in the
+// journal whatever they do (a mark never finishes an operation). A caller
+// without a deadline waits for them as long as its context lives.
 func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
-	o.end(func() {
+	o.once.Do(func() {
+		handedOff := false
+		defer func() {
+			if !handedOff {
+				o.leave()
+			}
+		}()
 		text := ""
 		if cause != nil {
 			text = cause.Error()
@@ -364,10 +400,47 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		if status >= 200 && status < 300 && cause != nil { // the answer's body was lost
 			_, reason, _ = classifyError(cause)
 		}
-		o.recordAttempt(status, text, reason)
+		a, hasAttempt := o.unrecordedAttempt(status, text, reason)
 		now := o.j.now()
-		if err := o.j.store.Renew(context.Background(), o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
-			o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, err)
+		// The marks themselves run until the lease would have lapsed
+		// anyway; the caller waits for them until its grace ends.
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(o.req.Context()), o.j.lease)
+		ctx, cancel := wait.Grace(o.req.Context(), inDoubtGrace)
+		defer cancel()
+		var attemptErr, leaseErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer wcancel()
+			if hasAttempt {
+				attemptErr = o.j.store.Attempt(wctx, o.rec.Key, a)
+			}
+			leaseErr = o.j.store.Renew(wctx, o.rec.Key, Lease{Owner: o.j.owner, At: now, Until: now})
+			if errors.Is(leaseErr, ErrLeaseLost) {
+				leaseErr = nil
+			}
+		}()
+		if werr := wait.For(ctx, "the marks of an operation left in doubt", done); werr != nil {
+			handedOff = true
+			key, log := o.rec.Key, o.j.log
+			go func() {
+				<-done
+				o.leave()
+				if attemptErr != nil {
+					log.Error("idem: journal write failed", "idem.key", key, "idem.journal.write", WriteAttempt, "exception.message", attemptErr)
+				}
+				if leaseErr != nil {
+					log.Error("idem: journal write failed", "idem.key", key, "idem.journal.write", WriteLease, "exception.message", leaseErr)
+				}
+			}()
+			o.j.log.Warn("idem: operation left in doubt; its journal marks go on in the background", "idem.key", o.rec.Key, "exception.message", werr)
+		} else {
+			if attemptErr != nil {
+				o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteAttempt, attemptErr)
+			}
+			if leaseErr != nil {
+				o.j.journalFailed(context.Background(), o.hooks, o.info(StatePending), WriteLease, leaseErr)
+			}
 		}
 		o.j.recent.add(o.match, o.rec.Key)
 		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", secrets.redactText(text))

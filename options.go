@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -69,9 +70,32 @@ const (
 	DefaultResendMatchLimit = 100_000
 )
 
+// DefaultMaxIdleConnsPerHost is how many idle connections per host the
+// default base transport keeps (net/http's http.DefaultTransport keeps 2).
+const DefaultMaxIdleConnsPerHost = 64
+
+// defaultBase returns the process's default base transport. With
+// net/http's DefaultTransport, at more than two calls in flight to one
+// host every answer but two closes its connection and the next call dials
+// again: at 32 in flight that cost idem about 3× bare net/http's CPU per
+// request in a user-shaped harness whose bare client kept 256 idle
+// connections (BENCHMARKS.md). A retrying client is the one that sends
+// bursts to one host, so its default keeps more. The clone is taken once:
+// changes made to http.DefaultTransport after the first Client is made do
+// not reach it; pass WithBaseTransport(http.DefaultTransport) for that.
+var defaultBase = sync.OnceValue(func() http.RoundTripper {
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport // replaced by the application: use it as it is
+	}
+	t = t.Clone()
+	t.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	return t
+})
+
 func newConfig(opts []Option) config {
 	c := config{
-		base:          http.DefaultTransport,
+		base:          defaultBase(),
 		header:        DefaultHeader,
 		keyed:         map[string]bool{http.MethodPost: true, http.MethodPatch: true},
 		maxBody:       DefaultMaxBodySize,
@@ -95,7 +119,7 @@ func newConfig(opts []Option) config {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
 	if c.base == nil {
-		c.base = http.DefaultTransport
+		c.base = defaultBase()
 	}
 	c.policy = c.policy.withDefaults()
 	if c.owner == "" {
@@ -128,7 +152,10 @@ func WithHooks(h *Hooks) Option {
 }
 
 // WithBaseTransport sets the RoundTripper that sends each attempt. The
-// default is http.DefaultTransport.
+// default is one transport shared by every Client of the process: a clone
+// of http.DefaultTransport, taken when the first Client is made, that
+// keeps up to DefaultMaxIdleConnsPerHost idle connections per host
+// instead of net/http's 2 (see defaultBase).
 func WithBaseTransport(rt http.RoundTripper) Option { return func(c *config) { c.base = rt } }
 
 // WithRetryPolicy sets the retry policy's non-zero fields; the others keep

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -359,8 +358,8 @@ func (c *config) classify(resp *http.Response) (verdict, string) {
 }
 
 // classify reads p's retry hints on any failed answer, and p's codes in a
-// 4xx body (at most conflictPeek bytes, put back for the caller). It
-// reports false when p says nothing about resp.
+// 4xx body's first bytes (peekBody: bounded in bytes and time, put back
+// for the caller). It reports false when p says nothing about resp.
 func (p *Provider) classify(resp *http.Response) (verdict, string, bool) {
 	code := resp.StatusCode
 	if code < 400 {
@@ -377,12 +376,8 @@ func (p *Provider) classify(resp *http.Response) (verdict, string, bool) {
 	if code >= 500 || len(p.InProgressCodes)+len(p.KeyReusedCodes) == 0 || resp.Body == nil || resp.Body == http.NoBody {
 		return 0, "", false
 	}
-	peek, err := io.ReadAll(io.LimitReader(resp.Body, conflictPeek))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
-	if err != nil {
+	peek, pb := peekBody(resp)
+	if pb == nil {
 		return 0, "", false
 	}
 	// A code is matched as a whole JSON string, wherever the provider puts

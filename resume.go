@@ -62,7 +62,19 @@ func (c *Client) resume(ctx context.Context, minAge time.Duration, fn func(Opera
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	defer func() { <-c.resuming }()
+	c.resumeMu.Lock()
+	if c.closing.Err() != nil { // the token was free, and Shutdown had begun
+		c.resumeMu.Unlock()
+		<-c.resuming
+		return fmt.Errorf("idem: resume: %w", ErrClosed)
+	}
+	done := make(chan struct{})
+	c.resumeDone = done
+	c.resumeMu.Unlock()
+	defer func() {
+		close(done)
+		<-c.resuming
+	}()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer context.AfterFunc(c.closing, func() { cancel(ErrClosed) })()

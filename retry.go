@@ -150,14 +150,6 @@ func transientStatus(code int) bool {
 	return false
 }
 
-// conflictPeek bounds how much of a 409 body is read to classify it, and
-// conflictPeekWait how long that read may take: net/http returns at the
-// headers, and a body that stalls must not hold the call.
-const (
-	conflictPeek     = 4 << 10
-	conflictPeekWait = time.Second
-)
-
 // notKeptType is the fragment of the type URI of idemserver's
 // ProblemNotKept (idemserver cannot be imported here; a test there checks
 // that they agree).
@@ -169,29 +161,15 @@ const notKeptType = "#already-used-response-not-kept"
 // did not keep its answer (a problem whose type ends in notKeptType; its
 // original_status member, the status first sent when known, is kept on
 // the body for notKeptStatus). It reads the RFC 9457 problem's type and
-// code (or a JSON error's code, as Stripe sends it) from at most
-// conflictPeek bytes of the body, read within conflictPeekWait, and puts
-// them back in front of the body, so the caller still reads it all. A 409
-// it cannot read, in time or at all, is "in progress", the draft's
-// meaning of a bare 409.
+// code (or a JSON error's code, as Stripe sends it) from the body's
+// first bytes, as peekBody bounds them in bytes and time and puts them
+// back for the caller. A 409 it cannot read, in time or at all, is "in
+// progress", the draft's meaning of a bare 409.
 func readConflict(resp *http.Response) verdict {
-	if resp.Body == nil || resp.Body == http.NoBody {
-		return transient
+	peek, pb := peekBody(resp)
+	if pb == nil {
+		return transient // no body, or one that stalls or fails: in progress
 	}
-	pb := &peekedBody{rc: resp.Body, done: make(chan struct{})}
-	resp.Body = pb
-	go pb.peek()
-	t := time.NewTimer(conflictPeekWait)
-	defer t.Stop()
-	select {
-	case <-pb.done:
-	case <-t.C:
-		return transient // a stalled body: in progress
-	}
-	if pb.err != nil {
-		return transient
-	}
-	peek := pb.buf
 	var p struct {
 		Type, Code     string
 		Error          json.RawMessage
@@ -221,53 +199,6 @@ func readConflict(resp *http.Response) verdict {
 	}
 	return transient
 }
-
-// notKeptStatus returns the original status that readConflict found in
-// the body of resp, a 409 it classified as performed, or 0 when the
-// server did not say.
-func notKeptStatus(resp *http.Response) int {
-	if pb, ok := resp.Body.(*peekedBody); ok {
-		return pb.original
-	}
-	return 0
-}
-
-// peekedBody is a 409's body whose first bytes a goroutine reads for
-// readConflict. Reads wait for that goroutine and return its bytes
-// first, then the rest of the body; Close closes the body, which also ends
-// a peek that stalls.
-type peekedBody struct {
-	rc   io.ReadCloser
-	done chan struct{} // closed when the peek has ended
-	buf  []byte
-	err  error
-	off  int
-	// original is a ProblemNotKept's original_status, or 0.
-	original int
-}
-
-func (p *peekedBody) peek() {
-	defer close(p.done)
-	p.buf, p.err = io.ReadAll(io.LimitReader(p.rc, conflictPeek))
-}
-
-// stalled reports whether the peek is still waiting for the body.
-func (p *peekedBody) stalled() bool { return !ready(p.done) }
-
-func (p *peekedBody) Read(b []byte) (int, error) {
-	<-p.done
-	if p.off < len(p.buf) {
-		n := copy(b, p.buf[p.off:])
-		p.off += n
-		return n, nil
-	}
-	if p.err != nil {
-		return 0, p.err
-	}
-	return p.rc.Read(b)
-}
-
-func (p *peekedBody) Close() error { return p.rc.Close() }
 
 // classifyError returns the verdict for an attempt that ended without a
 // response. sent reports whether the request may have reached the server

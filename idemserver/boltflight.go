@@ -107,23 +107,29 @@ type flight struct {
 	fingerprint, token string
 	expires            time.Time
 	completing         bool // Complete is committing its record: not to be taken over
+	held               bool // a running request holds it whatever its lease says (BeginHeld)
+}
+
+// lapsed reports whether fl's lease counts and ended at or before now.
+func (fl *flight) lapsed(now time.Time) bool {
+	return !fl.held && !fl.expires.After(now)
 }
 
 // live returns the flight of id that holds it at now, if any (a
 // completing one whatever its lease); f.mu must be held.
 func (f *flights) live(id string, now time.Time) *flight {
 	fl := f.m[id]
-	if fl == nil || (!fl.completing && !fl.expires.After(now)) {
+	if fl == nil || (!fl.completing && fl.lapsed(now)) {
 		return nil
 	}
 	return fl
 }
 
 // held returns the flight of id held under token, not completing, with a
-// lease live at now; f.mu must be held.
+// lease live at now (or held); f.mu must be held.
 func (f *flights) held(id, token string, now time.Time) (*flight, error) {
 	fl := f.m[id]
-	if fl == nil || fl.completing || fl.token != token || !fl.expires.After(now) {
+	if fl == nil || fl.completing || fl.token != token || fl.lapsed(now) {
 		return nil, fmt.Errorf("key %s: %w", id, ErrLockLost)
 	}
 	return fl, nil
@@ -136,7 +142,7 @@ func (f *flights) sweep(now time.Time) int {
 	defer f.mu.Unlock()
 	n := 0
 	for id, fl := range f.m {
-		if !fl.completing && !fl.expires.After(now) {
+		if !fl.completing && fl.lapsed(now) {
 			delete(f.m, id)
 			n++
 		}
@@ -147,6 +153,26 @@ func (f *flights) sweep(now time.Time) int {
 // Begin implements Store. A new key is claimed in memory, without a
 // commit; a done key is answered from a read-only transaction.
 func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
+	return s.begin(b, false)
+}
+
+// BeginHeld implements LocalStore: Begin, with the key held while its
+// request runs.
+func (s *BoltStore) BeginHeld(ctx context.Context, b Begin) (Claim, error) {
+	return s.begin(b, true)
+}
+
+// Unhold implements LocalStore; it changes memory only.
+func (s *BoltStore) Unhold(id, token string) {
+	f := &s.flights
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl := f.m[id]; fl != nil && fl.token == token {
+		fl.held = false
+	}
+}
+
+func (s *BoltStore) begin(b Begin, held bool) (Claim, error) {
 	if s.closed.Load() {
 		return Claim{}, ErrClosed
 	}
@@ -199,7 +225,7 @@ func (s *BoltStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	// live in this process.
 	f.tokens++
 	tok := strconv.FormatUint(f.tokens, 36)
-	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
+	f.m[b.ID] = &flight{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil, held: held}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
 

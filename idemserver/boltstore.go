@@ -69,7 +69,7 @@ type BoltStore struct {
 	flights flights     // the keys in flight and the index of stored keys
 }
 
-var _ Store = (*BoltStore)(nil)
+var _ LocalStore = (*BoltStore)(nil)
 
 var (
 	bucketMeta    = []byte("meta")

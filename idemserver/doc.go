@@ -35,7 +35,9 @@
 //
 // Stores implement Store; MemoryStore and BoltStore come with the package,
 // and the storetest package holds the conformance suite every Store must
-// pass. A store that also implements TxStore (pgstore.ServerStore) lets a
+// pass. Both are LocalStores: they hold a key while its handler runs in
+// this process, whatever the clock says, so that a process paused past its
+// lease cannot run a handler twice. A store that also implements TxStore (pgstore.ServerStore) lets a
 // handler write its own rows in the transaction that stores its answer
 // (pgstore.Tx), so that the two commit or vanish together.
 package idemserver

@@ -19,13 +19,19 @@ type MemoryStore struct {
 	closed  bool
 }
 
-var _ Store = (*MemoryStore)(nil)
+var _ LocalStore = (*MemoryStore)(nil)
 
 type memRecord struct {
 	fingerprint string
 	token       string // empty once done
 	expires     time.Time
 	resp        *Response
+	held        bool // in flight, held by a running request whatever expires says (BeginHeld)
+}
+
+// live reports whether r holds its key at now.
+func (r *memRecord) live(now time.Time) bool {
+	return r.held && r.resp == nil || r.expires.After(now)
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -35,12 +41,30 @@ func NewMemoryStore() *MemoryStore {
 
 // Begin implements Store.
 func (s *MemoryStore) Begin(ctx context.Context, b Begin) (Claim, error) {
+	return s.begin(b, false)
+}
+
+// BeginHeld implements LocalStore.
+func (s *MemoryStore) BeginHeld(ctx context.Context, b Begin) (Claim, error) {
+	return s.begin(b, true)
+}
+
+// Unhold implements LocalStore.
+func (s *MemoryStore) Unhold(id, token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.records[id]; r != nil && r.resp == nil && r.token == token {
+		r.held = false
+	}
+}
+
+func (s *MemoryStore) begin(b Begin, held bool) (Claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return Claim{}, ErrClosed
 	}
-	if r := s.records[b.ID]; r != nil && r.expires.After(b.Now) {
+	if r := s.records[b.ID]; r != nil && r.live(b.Now) {
 		switch {
 		case r.fingerprint != b.Fingerprint:
 			return Claim{State: StateMismatch}, nil
@@ -54,7 +78,7 @@ func (s *MemoryStore) Begin(ctx context.Context, b Begin) (Claim, error) {
 	// live in this process (as a BoltStore's flights do).
 	s.tokens++
 	tok := strconv.FormatUint(s.tokens, 36)
-	s.records[b.ID] = &memRecord{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil}
+	s.records[b.ID] = &memRecord{fingerprint: b.Fingerprint, token: tok, expires: b.LeaseUntil, held: held}
 	return Claim{State: StateAcquired, Token: tok, LeaseUntil: b.LeaseUntil}, nil
 }
 
@@ -65,7 +89,7 @@ func (s *MemoryStore) held(id, token string, now time.Time) (*memRecord, error) 
 		return nil, ErrClosed
 	}
 	r := s.records[id]
-	if r == nil || r.resp != nil || r.token != token || !r.expires.After(now) {
+	if r == nil || r.resp != nil || r.token != token || !r.live(now) {
 		return nil, fmt.Errorf("key %s: %w", id, ErrLockLost)
 	}
 	return r, nil
@@ -94,7 +118,7 @@ func (s *MemoryStore) Complete(ctx context.Context, c Completion) error {
 	if err != nil {
 		return err
 	}
-	r.resp, r.token, r.expires = cloneResponse(c.Response), "", c.Until
+	r.resp, r.token, r.expires, r.held = cloneResponse(c.Response), "", c.Until, false
 	return nil
 }
 
@@ -118,7 +142,7 @@ func (s *MemoryStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	n := 0
 	for id, r := range s.records {
-		if !r.expires.After(now) {
+		if !r.live(now) {
 			delete(s.records, id)
 			n++
 		}

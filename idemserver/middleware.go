@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/readall"
+	"github.com/idemgo/idem/internal/wait"
 )
 
 // Middleware makes handlers idempotent by key, following
@@ -110,14 +111,22 @@ func New(store Store, opts ...Option) *Middleware {
 }
 
 // Close stops the middleware's background sweeps and waits for one that
-// runs. Requests served after Close are still handled, but no longer
-// sweep. Close does not close the Store. It always returns nil.
+// runs: its context is cancelled, and Close waits for it at most the store
+// timeout (WithStoreTimeout). A sweep still running then (a store that does
+// not honour its context) goes on in the background, and Close returns an
+// error that says so and matches context.DeadlineExceeded; otherwise it
+// returns nil. Requests served after Close are still handled, but no
+// longer sweep. Close does not close the Store.
 func (m *Middleware) Close() error {
 	m.mu.Lock()
 	m.closed = true
 	m.mu.Unlock()
 	m.cancel()
-	m.sweeps.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.timeout)
+	defer cancel()
+	if err := wait.For(ctx, "a sweep", wait.Group(&m.sweeps)); err != nil {
+		return fmt.Errorf("idemserver: close: %w", err)
+	}
 	return nil
 }
 

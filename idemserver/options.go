@@ -206,8 +206,10 @@ func WithStoreTimeout(d time.Duration) Option {
 
 // WithLease sets how long an in-flight key stays locked after the last
 // renewal. A live handler renews its lease every third of d; if its
-// process dies, the next request with the key runs once d has passed. The
-// default is DefaultLease.
+// process dies, the next request with the key runs once d has passed. A
+// LocalStore (MemoryStore, BoltStore) holds the key while its handler runs
+// whatever the lease says; there d only frees a key whose request ended
+// without storing its answer. The default is DefaultLease.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d > 0 {

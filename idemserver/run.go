@@ -16,7 +16,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 	claimed := time.Now() // the lease's local base, for fencing: before the claim is sent
 	now := m.now()
 	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.timeout)
-	claim, err := m.store.Begin(ctx, Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)})
+	b := Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)}
+	local, _ := m.store.(LocalStore)
+	var (
+		claim Claim
+		err   error
+	)
+	if local != nil {
+		claim, err = local.BeginHeld(ctx, b)
+	} else {
+		claim, err = m.store.Begin(ctx, b)
+	}
 	cancel()
 	if err != nil {
 		log.Error("idemserver: store unavailable; request refused", "id", id, "err", err)
@@ -43,7 +53,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 			"The idempotency store answered in a way the middleware does not know; the request was not handled.", m.cfg.retryAfter)
 		return
 	}
-	u := &run{m: m, id: id, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed}
+	u := &run{m: m, id: id, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed, local: local}
 	u.do(w, r, h.h, keyInfo{id: id, key: key, fp: fp})
 	m.maybeSweep()
 }
@@ -55,15 +65,21 @@ type run struct {
 	m         *Middleware
 	id, token string
 	webhook   bool
-	claimed   time.Time // local time before the claim was sent
-	tx        RequestTx // nil unless the store is a TxStore
-	done      bool      // the key was completed, released or given up
-	rec       recorder  // the handler's writer: in the run, one allocation for both
+	claimed   time.Time  // local time before the claim was sent
+	local     LocalStore // the store, if it holds the key while the run lives
+	tx        RequestTx  // nil unless the store is a TxStore
+	done      bool       // the key was completed, released or given up
+	rec       recorder   // the handler's writer: in the run, one allocation for both
 	ren       renewer
 }
 
 func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki keyInfo) {
 	m := u.m
+	if u.local != nil {
+		// Last, however the run ends: a key neither completed nor
+		// released is freed by its lease from now on.
+		defer u.local.Unhold(u.id, u.token)
+	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	ctx = context.WithValue(ctx, keyContext{}, ki)
@@ -215,7 +231,9 @@ const fenceMargin = 4
 // renew renews the lease every third of it until the returned func is
 // called; that func waits for the renewer to stop. A lost lock, or
 // renewals that failed for longer than the lease minus a margin, cancel
-// the handler's context with a cause matching ErrLockLost.
+// the handler's context with a cause matching ErrLockLost. A LocalStore
+// holds the key while the run lives, so no fence is armed for it: the
+// renewals only keep the lease current for after the run.
 func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
 	m := u.m
 	lease := m.cfg.lease
@@ -223,7 +241,9 @@ func (u *run) renew(ctx context.Context, cancel context.CancelCauseFunc) (stop f
 	r := &u.ren
 	r.u, r.ctx, r.cancel, r.lease, r.hold = u, ctx, cancel, lease, hold
 	r.mu.Lock()
-	r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
+	if u.local == nil {
+		r.fence = time.AfterFunc(hold-time.Since(u.claimed), r.lapse)
+	}
 	r.t = time.AfterFunc(lease/3, r.tick)
 	r.mu.Unlock()
 	return r.stop
@@ -264,9 +284,14 @@ func (r *renewer) tick() {
 	rcancel()
 	switch {
 	case err == nil:
-		if r.ctx.Err() == nil {
+		// Under mu, as stop stops the fence: a renewal that returns
+		// after the request ended must not re-arm it, which would keep
+		// the run alive for most of a lease.
+		r.mu.Lock()
+		if fence != nil && !r.stopped && r.ctx.Err() == nil {
 			fence.Reset(r.hold - time.Since(sent))
 		}
+		r.mu.Unlock()
 	case errors.Is(err, ErrLockLost):
 		m.cfg.logger.Error("idemserver: lease lost while the handler runs", "id", r.u.id, "err", err)
 		r.cancel(err)
@@ -285,7 +310,9 @@ func (r *renewer) stop() {
 	r.mu.Lock()
 	if !r.stopped {
 		r.stopped = true
-		r.fence.Stop()
+		if r.fence != nil {
+			r.fence.Stop()
+		}
 		r.t.Stop()
 	}
 	r.mu.Unlock()

@@ -65,6 +65,32 @@ type Store interface {
 	Close() error
 }
 
+// A LocalStore is a Store whose keys in flight live in this process only
+// (MemoryStore; BoltStore, whose file one process locks), so that it can
+// hold a key for as long as the request holding it runs, whatever the
+// clock says. A lease only matters to a store shared across processes: in
+// one process nothing but the running handler's own request can hold its
+// key, and a process paused longer than its lease (a GC pause, SIGSTOP, a
+// migrated VM, a throttled cgroup) must not let a second request run the
+// same handler when it goes on.
+//
+// The middleware claims the keys of a LocalStore with BeginHeld, does not
+// fence its handlers (their keys cannot be lost), and calls Unhold when a
+// request ends, so that a key whose answer could not be stored is freed
+// by its lease as in any store. A wrapper that embeds the Store interface
+// is not a LocalStore: its keys are judged by their leases.
+type LocalStore interface {
+	Store
+	// BeginHeld is Begin, except that the record it acquires is held:
+	// until Complete or Release ends it, or Unhold lets it go, Begin,
+	// Renew, Complete and Sweep treat it as live whatever their now.
+	BeginHeld(ctx context.Context, b Begin) (Claim, error)
+	// Unhold ends the hold of the in-flight record id held under token:
+	// from then on its lease counts as any record's. It does nothing for
+	// a record gone, done, or held under another token.
+	Unhold(id, token string)
+}
+
 // Begin holds the arguments of Store.Begin.
 type Begin struct {
 	// ID names the scoped key: the middleware passes a hash of the

@@ -83,6 +83,7 @@ func Run(t *testing.T, c Config) {
 		{"CompleteAfterLapseIsLost", testCompleteAfterLapse},
 		{"RenewAfterLapseIsLost", testRenewAfterLapse},
 		{"NotKeptRoundTrip", testNotKept},
+		{"HeldKeyOutlivesLease", testHeld},
 		{"ClosedStoreRefuses", testClosed},
 	}
 	for _, tt := range tests {
@@ -454,4 +455,38 @@ func testNotKept(t *testing.T, s idemserver.Store) {
 	if c := begin(t, s, "kept", fpA, t0.Add(time.Hour)); c.Response == nil || c.Response.NotKept {
 		t.Errorf("kept response read back as %+v", c.Response)
 	}
+}
+
+// testHeld checks a LocalStore's hold: a key claimed with BeginHeld stays
+// in flight past its lease, is not swept, can be renewed and completed;
+// once Unhold lets it go (with its own token only), its lease counts.
+func testHeld(t *testing.T, s idemserver.Store) {
+	ls, ok := s.(idemserver.LocalStore)
+	if !ok {
+		t.Skip("not a LocalStore: its keys are judged by their leases")
+	}
+	held := func(id string) string {
+		t.Helper()
+		c, err := ls.BeginHeld(ctx, idemserver.Begin{ID: id, Fingerprint: fpA, Now: t0, LeaseUntil: t0.Add(lease)})
+		if err != nil || c.State != idemserver.StateAcquired || c.Token == "" {
+			t.Fatalf("BeginHeld(%s) = %v token %q, %v; want acquired with a token", id, c.State, c.Token, err)
+		}
+		return c.Token
+	}
+	late := t0.Add(100 * lease)
+	tok := held("k1")
+	wantState(t, begin(t, s, "k1", fpA, late), idemserver.StateInFlight)
+	if _, err := s.Sweep(ctx, late); err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	wantState(t, begin(t, s, "k1", fpA, late), idemserver.StateInFlight)
+	must(t, "Renew of a held key past its lease", s.Renew(ctx, "k1", tok, late, late.Add(lease)))
+	must(t, "Complete of a held key past its lease", complete(s, "k1", tok, okResponse(), late.Add(2*lease), late.Add(keep)))
+	wantState(t, begin(t, s, "k1", fpA, late.Add(2*lease)), idemserver.StateDone)
+
+	tok2 := held("k2")
+	ls.Unhold("k2", tok2+"x") // another token's: no effect
+	wantState(t, begin(t, s, "k2", fpA, late), idemserver.StateInFlight)
+	ls.Unhold("k2", tok2)
+	acquire(t, s, "k2", fpA, t0.Add(lease)) // its lease counts again
 }

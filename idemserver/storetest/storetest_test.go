@@ -26,7 +26,14 @@ type (
 	ignoresFingerprint struct{ idemserver.Store }
 	// sweepsLive sweeps an hour ahead, deleting live keys.
 	sweepsLive struct{ idemserver.Store }
+	// holdsNothing is a LocalStore whose BeginHeld is Begin: its keys
+	// lapse with their leases while their handlers run.
+	holdsNothing struct{ *idemserver.MemoryStore }
 )
+
+func (s holdsNothing) BeginHeld(ctx context.Context, b idemserver.Begin) (idemserver.Claim, error) {
+	return s.Begin(ctx, b)
+}
 
 func (s completeIgnoresLease) Complete(ctx context.Context, c idemserver.Completion) error {
 	c.Now = time.Time{}
@@ -63,6 +70,7 @@ var broken = map[string]struct {
 	"dropsNotKept":         {func(s idemserver.Store) idemserver.Store { return dropsNotKept{s} }, "NotKeptRoundTrip"},
 	"ignoresFingerprint":   {func(s idemserver.Store) idemserver.Store { return ignoresFingerprint{s} }, "OtherPayloadIsMismatch"},
 	"sweepsLive":           {func(s idemserver.Store) idemserver.Store { return sweepsLive{s} }, "SweepDeletesExpired"},
+	"holdsNothing":         {func(s idemserver.Store) idemserver.Store { return holdsNothing{s.(*idemserver.MemoryStore)} }, "HeldKeyOutlivesLease"},
 }
 
 // envBroken names the broken store TestBrokenStoreChild runs the suite on.
