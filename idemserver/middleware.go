@@ -182,11 +182,11 @@ func HeaderEventID(name string) EventID {
 // answer, or, arriving first, leaves its own under the id, and the real
 // delivery is never handled. Webhook routes do not panic without a
 // principal function: the sender's signature scopes them.
-func (m *Middleware) Webhook(h http.Handler, id EventID) http.Handler {
+func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
 	}
-	return &handler{m: m, h: h, rt: route{required: true, webhook: id}}
+	return &handler{m: m, h: m.webhookHandler(h, opts), rt: route{required: true, webhook: id}}
 }
 
 // handler is a wrapped route.

@@ -43,6 +43,14 @@ import (
 // Tx for how a handler writes its rows in the same transaction as the
 // stored answer.
 //
+// Event consumers: Once records a delivered event id and Advance an
+// entity's newest version in the consumer's own transaction (any pgx.Tx,
+// Tx's included), so that a redelivered event runs once and an older one
+// never overwrites a newer state; RequestAdvancer orders idemserver's
+// Webhook routes (idemserver.WithOrder) the same way. Their records expire
+// after a retention per scope (WithEventRetention) and are deleted by
+// Sweep with the inbound keys.
+//
 // Failures: every error from PostgreSQL (unreachable, restarted, a
 // terminated connection) matches idemstore.ErrJournalWrite and wraps pgx's
 // error, so the middleware answers 503 without running the handler (fail
@@ -55,10 +63,10 @@ import (
 // or a 409), so every Begin is a write transaction and, with
 // synchronous_commit=on, waits for one WAL flush.
 //
-// Schema: the table inbound_keys lives in the store's schema (see
-// WithSchema), next to the client Store's tables, and is created by the
-// same embedded, versioned migrations under the same advisory lock, so
-// replicas that start at once migrate once. A record whose answer was not
+// Schema: the tables inbound_keys, event_ids and entity_versions live in
+// the store's schema (see WithSchema), next to the client Store's tables,
+// and are created by the same embedded, versioned migrations under the
+// same advisory lock, so replicas that start at once migrate once. A record whose answer was not
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
@@ -66,11 +74,16 @@ type ServerStore struct {
 	ownPool bool // OpenServerStore made the pool, so Close closes it
 	schema  string
 	q       serverQueries
+	eq      eventQueries
+	events  map[string]time.Duration // retention of Once's and Advance's records by scope
 	closed  atomic.Bool
 	// callerClock makes the store judge leases by the times its callers
 	// pass, as stores without a shared clock do; for tests that move time
 	// (see export_test.go), never for production.
 	callerClock bool
+	// eventClock, when set, is the time Once and Advance judge expiry by
+	// (see export_test.go), for tests; nil is the database's clock.
+	eventClock func() time.Time
 }
 
 var _ idemserver.TxStore = (*ServerStore)(nil)
@@ -112,7 +125,7 @@ func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*S
 	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
 	}
-	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema)}, nil
+	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema), eq: newEventQueries(c.schema), events: c.events}, nil
 }
 
 // Pool returns the connection pool the store uses.
@@ -327,25 +340,34 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 	return s.held(ctx, "release", s.q.release, id, id, token)
 }
 
-// Sweep implements idemserver.Store. It deletes in statements of at most a
-// thousand rows; replicas may sweep at once, each deleting the rows the
-// others do not hold at that moment.
+// Sweep implements idemserver.Store. It deletes the expired inbound keys,
+// then the expired records of Once and Advance, in statements of at most a
+// thousand rows each; replicas may sweep at once, each deleting the rows
+// the others do not hold at that moment. The count is of every row
+// deleted.
 func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
-	for {
-		if err := s.check(ctx); err != nil {
-			return total, err
-		}
-		tag, err := s.pool.Exec(ctx, s.q.sweep, s.callerNow(now))
-		if err != nil {
-			return total, s.fail(ctx, "sweep", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < sweepChunk {
-			return total, nil
+	for _, q := range [...]string{s.q.sweep, s.eq.sweepIDs, s.eq.sweepVersions} {
+		for {
+			if err := s.check(ctx); err != nil {
+				return total, err
+			}
+			arg := s.callerNow(now)
+			if q != s.q.sweep {
+				arg = s.eventNow()
+			}
+			tag, err := s.pool.Exec(ctx, q, arg)
+			if err != nil {
+				return total, s.fail(ctx, "sweep", err)
+			}
+			n := int(tag.RowsAffected())
+			total += n
+			if n < sweepChunk {
+				break
+			}
 		}
 	}
+	return total, nil
 }
 
 // Close implements idemserver.Store: it closes the pool if

@@ -2,7 +2,8 @@
 // of a fleet: Store is an idemstore.KeyStore (the client's journal of outbound
 // operations), and ServerStore is an idemserver.Store (the inbound keys of
 // idempotent handlers, so that a retry that lands on another replica is
-// replayed). Both live in one schema and may share one pool.
+// replayed, and the records of event consumers: ServerStore.Once and
+// ServerStore.Advance). Both live in one schema and may share one pool.
 //
 //	store, err := pgstore.Open(ctx, "postgres://idem@db:5432/shop")
 //	if err != nil {
@@ -131,8 +132,9 @@ type Option func(*config)
 type config struct {
 	schema      string
 	log         *slog.Logger
-	callerTimes bool          // leases judged by the caller's times (tests)
-	skew        time.Duration // added to the caller's times (tests)
+	callerTimes bool                     // leases judged by the caller's times (tests)
+	skew        time.Duration            // added to the caller's times (tests)
+	events      map[string]time.Duration // WithEventRetention, by scope
 }
 
 // WithLogger sets the logger of what the store deals with on its own: a

@@ -36,7 +36,7 @@ func openStore(t *testing.T, opts ...pgstore.Option) *pgstore.Store {
 }
 
 // allMigrations are the versions of the embedded migrations.
-var allMigrations = []int{1, 2, 3, 4, 5}
+var allMigrations = []int{1, 2, 3, 4, 5, 30}
 
 func migrationVersions(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) []int {
 	t.Helper()
