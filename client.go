@@ -87,12 +87,6 @@ func isNilPointer(v any) bool {
 	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
-// journalPolicy is the part of the configuration that travels with the
-// journal.
-func (c *config) journalPolicy() Policy {
-	return Policy{KeyHeader: c.header, ResendWindow: c.resendWindow, Retention: c.retention, MatchWindow: c.matchWindow}
-}
-
 func newClient(store KeyStore, cfg config) *Client {
 	j := &journal{
 		store: store, owner: cfg.owner, lease: cfg.lease, resendWindow: cfg.resendWindow,

@@ -130,3 +130,16 @@ func (e *Error) Unwrap() []error {
 	}
 	return errs
 }
+
+// maxQuoted bounds how much of a key or name an error or log line shows.
+const maxQuoted = 64
+
+// quote returns s quoted for an error text, shortened to maxQuoted bytes:
+// a key or name from a request must not inject lines into a log or print
+// a megabyte.
+func quote(s string) string {
+	if len(s) > maxQuoted {
+		return fmt.Sprintf("%q…(%d bytes)", s[:maxQuoted], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -295,91 +293,11 @@ const (
 	WriteLease = "lease"
 )
 
-// journalFailed reports a journal write that failed: one Error line in
-// the log and the JournalError hooks.
-func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInfo, write string, err error) {
-	j.log.Error("idem: journal write failed", "idem.key", op.Key, "idem.operation", op.Name,
-		"idem.journal.write", write, "exception.message", err)
-	if hs.any() {
-		hs.journalError(JournalErrorInfo{OperationInfo: op, Context: ctx, Write: write, Err: err})
-	}
-}
-
-// journalFault reports whether err, from a reservation, says the journal
-// could not be read or written (rather than, say, a key in use).
-func journalFault(err error) bool {
-	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion) || errors.Is(err, ErrOutcomeUnknown)
-}
-
-// info returns the operation's OperationInfo in state.
-func (o *operation) info(state State) OperationInfo {
-	r := &o.rec
-	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts, Trace: r.Trace}
-}
-
 // ErrTransportResent is AttemptInfo.Err for a request that net/http wrote
 // again on its own, within one attempt: the reused connection closed before
 // any response came, and a request with an Idempotency-Key header is one
 // net/http replays. The request written after it has the attempt's outcome.
 var ErrTransportResent = errors.New("idem: the connection closed before a response came; net/http wrote the request again")
-
-// attemptsDone calls AttemptDone once per request the last attempt wrote
-// (n; 0 when nothing was written, which still reports the attempt once).
-// Every request but the last was lost with its connection and written
-// again by net/http; each is reported as lasting until the next write.
-func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, resp *http.Response, err error, reason string) {
-	o.replayMu.Lock()
-	replays := o.replayAt
-	o.replayAt = o.replayAt[:0]
-	o.replayMu.Unlock()
-	start := began
-	for i := 0; i < n-1; i++ {
-		at := start
-		if i < len(replays) {
-			at = replays[i]
-		}
-		o.reported++
-		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
-			Err: ErrTransportResent, Reason: "connection closed", Latency: at.Sub(start)})
-		start = at
-	}
-	o.reported++
-	a := AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
-		Err: err, Reason: reason, Latency: time.Since(start)}
-	if resp != nil {
-		a.Status = resp.StatusCode
-		a.Protocol = protocolVersion(resp)
-	}
-	o.hooks.attemptDone(a)
-}
-
-// reserveFailed reports a reservation that failed in the journal, with
-// the key the error carries (the journal's, if it had one).
-func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, err error) {
-	info := OperationInfo{Name: op.Name, Method: op.Method, URL: op.URL, State: StatePending}
-	var ie *Error
-	if errors.As(err, &ie) {
-		info.Key = ie.Key
-	}
-	j.journalFailed(ctx, hs, info, WriteReserve, err)
-}
-
-// protocolVersion returns resp's HTTP version as OpenTelemetry writes it:
-// "1.0", "1.1", "2", "3" (a minor version only when it is not 0, or for
-// HTTP/1), or "" when the response has none.
-func protocolVersion(resp *http.Response) string {
-	switch {
-	case resp.ProtoMajor == 1 && resp.ProtoMinor == 1:
-		return "1.1"
-	case resp.ProtoMajor == 1 && resp.ProtoMinor == 0:
-		return "1.0"
-	case resp.ProtoMajor >= 2 && resp.ProtoMinor == 0:
-		return strconv.Itoa(resp.ProtoMajor)
-	case resp.ProtoMajor == 0:
-		return ""
-	}
-	return strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor)
-}
 
 // Log attributes follow one style: OpenTelemetry's names where they have
 // one (http.response.status_code, http.request.resend_count,
@@ -392,25 +310,17 @@ func durationMS(key string, d time.Duration) slog.Attr {
 	return slog.Float64(key, float64(d)/float64(time.Millisecond))
 }
 
-// resends returns the http.request.resend_count of the next request of a
-// call: every request under the key so far, this call's and earlier ones
-// (an unkeyed call counts its tries instead).
-func (o *operation) resends(int) int {
-	return o.rec.Attempts + o.written
-}
-
-// logResumed writes the Debug line of an operation Resume took: sent (the
-// status it got, or err), or not sent (err says why).
-func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
-	if !j.log.Enabled(context.Background(), slog.LevelDebug) {
-		return
-	}
-	attrs := []any{"idem.key", rec.Key, "idem.operation", rec.Name, "idem.sent", sent}
-	if status != 0 {
-		attrs = append(attrs, "http.response.status_code", status)
-	}
-	if err != nil {
-		attrs = append(attrs, "exception.message", errText(err))
-	}
-	j.log.Debug("idem: resume took operation", attrs...)
+// traceOf returns the trace context the hooks give for ctx: the first
+// well-formed traceparent a TraceContext hook returns, or "". It is
+// called only when a hook is set.
+func (hs hookSet) traceOf(ctx context.Context) string {
+	tp := ""
+	hs.each(func(h *Hooks) {
+		if tp == "" && h.TraceContext != nil {
+			if s := h.TraceContext(ctx); ValidTraceparent(s) {
+				tp = s
+			}
+		}
+	})
+	return tp
 }

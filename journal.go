@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -341,4 +342,116 @@ func journalCause(err error) error {
 		}
 	}
 	return ErrJournalWrite
+}
+
+// journalFailed reports a journal write that failed: one Error line in
+// the log and the JournalError hooks.
+func (j *journal) journalFailed(ctx context.Context, hs hookSet, op OperationInfo, write string, err error) {
+	j.log.Error("idem: journal write failed", "idem.key", op.Key, "idem.operation", op.Name,
+		"idem.journal.write", write, "exception.message", err)
+	if hs.any() {
+		hs.journalError(JournalErrorInfo{OperationInfo: op, Context: ctx, Write: write, Err: err})
+	}
+}
+
+// journalFault reports whether err, from a reservation, says the journal
+// could not be read or written (rather than, say, a key in use).
+func journalFault(err error) bool {
+	return errors.Is(err, ErrJournalWrite) || errors.Is(err, ErrJournalCorrupt) || errors.Is(err, ErrRecordVersion) || errors.Is(err, ErrOutcomeUnknown)
+}
+
+// reserveFailed reports a reservation that failed in the journal, with
+// the key the error carries (the journal's, if it had one).
+func (j *journal) reserveFailed(ctx context.Context, hs hookSet, op *Operation, err error) {
+	info := OperationInfo{Name: op.Name, Method: op.Method, URL: op.URL, State: StatePending}
+	var ie *Error
+	if errors.As(err, &ie) {
+		info.Key = ie.Key
+	}
+	j.journalFailed(ctx, hs, info, WriteReserve, err)
+}
+
+// logResumed writes the Debug line of an operation Resume took: sent (the
+// status it got, or err), or not sent (err says why).
+func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
+	if !j.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	attrs := []any{"idem.key", rec.Key, "idem.operation", rec.Name, "idem.sent", sent}
+	if status != 0 {
+		attrs = append(attrs, "http.response.status_code", status)
+	}
+	if err != nil {
+		attrs = append(attrs, "exception.message", errText(err))
+	}
+	j.log.Debug("idem: resume took operation", attrs...)
+}
+
+// policyTimeout bounds reading and writing the policy at New.
+const policyTimeout = 10 * time.Second
+
+// adoptPolicy checks the Client's policy against the one the store holds,
+// if it is a PolicyStore, and stores the Client's. A conflict is returned
+// matching ErrPolicyConflict; any other error is the store's.
+func (j *journal) adoptPolicy(p Policy) error {
+	ps, ok := j.store.(PolicyStore)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), policyTimeout)
+	defer cancel()
+	stored, err := ps.Policy(ctx)
+	if err != nil {
+		return fmt.Errorf("idem: reading the journal's policy: %w", err)
+	}
+	if err := stored.Allows(p); err != nil {
+		return err
+	}
+	if stored == p {
+		return nil
+	}
+	if err := ps.SetPolicy(ctx, p); err != nil {
+		return fmt.Errorf("idem: writing the journal's policy: %w", err)
+	}
+	return nil
+}
+
+// recordedReason returns s as an attempt's record keeps its reason
+// (Attempt.Reason): valid UTF-8 without control characters, any URL in it
+// without its query and fragment, at most MaxReason bytes. A reason
+// comes from idem's classifier or the application's, never from a header
+// value; cutting URL queries keeps a classifier that quotes an error from
+// journaling a secret query parameter.
+func recordedReason(s string) string {
+	clean := len(s) <= MaxReason && utf8.ValidString(s) && !strings.Contains(s, "://")
+	for i := 0; clean && i < len(s); i++ {
+		clean = s[i] >= 0x20 && s[i] != 0x7f
+	}
+	if clean {
+		return s // the classifier's own reasons cost nothing
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if strings.Contains(s, "://") {
+		words := strings.Fields(s)
+		for i, w := range words {
+			if strings.Contains(w, "://") {
+				words[i] = TrimQuery(w)
+			}
+		}
+		s = strings.Join(words, " ")
+	}
+	if len(s) <= MaxReason {
+		return s
+	}
+	cut := MaxReason - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -64,36 +63,6 @@ const (
 	keyFromHeader
 	keyNew
 )
-
-// chooseKey returns the key and operation name for a keyed request: WithKey,
-// then WithOperation, then the request's key header (in any spelling), then
-// a new key. For a named operation the key is a candidate: the journal
-// returns the name's key if it has one.
-func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySource, err error) {
-	ctx := req.Context()
-	if k, ok := ctx.Value(keyContext{}).(string); ok {
-		return k, "", keyFromContext, t.cfg.checkKey(k)
-	}
-	if n, ok := ctx.Value(operationContext{}).(string); ok {
-		if n == "" || len(n) > maxNameLen {
-			return "", "", keyFromName, fmt.Errorf("operation name must be 1 to %d bytes, got %d", maxNameLen, len(n))
-		}
-		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
-			// Every store can keep it (PostgreSQL's text refuses the others).
-			return "", "", keyFromName, fmt.Errorf("operation name %s must be valid UTF-8 without NUL bytes", quote(n))
-		}
-		key, err := t.cfg.newKey()
-		return key, n, keyFromName, err
-	}
-	if k := headerKey(req.Header, t.cfg.header); k != "" {
-		if other := otherHeaderKey(req.Header, t.cfg.header, k); other != "" {
-			return "", "", keyFromHeader, fmt.Errorf("header %s holds two keys, %s and %s", t.cfg.header, quote(k), quote(other))
-		}
-		return k, "", keyFromHeader, t.cfg.checkKey(k)
-	}
-	key, err = t.cfg.newKey()
-	return key, "", keyNew, err
-}
 
 // newKey returns a random UUIDv7 from google/uuid (the dependency the
 // design names for keys): random enough to be unguessable, and time

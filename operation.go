@@ -616,3 +616,89 @@ func (b *answerBody) Close() error {
 	b.o.received(b.v)
 	return err
 }
+
+// info returns the operation's OperationInfo in state.
+func (o *operation) info(state State) OperationInfo {
+	r := &o.rec
+	return OperationInfo{Key: r.Key, Name: r.Name, Method: r.Method, URL: r.URL, State: state, Attempts: o.written, Resend: o.resend, Earlier: r.Attempts, Trace: r.Trace}
+}
+
+// attemptsDone calls AttemptDone once per request the last attempt wrote
+// (n; 0 when nothing was written, which still reports the attempt once).
+// Every request but the last was lost with its connection and written
+// again by net/http; each is reported as lasting until the next write.
+func (o *operation) attemptsDone(ctx context.Context, n int, began time.Time, resp *http.Response, err error, reason string) {
+	o.replayMu.Lock()
+	replays := o.replayAt
+	o.replayAt = o.replayAt[:0]
+	o.replayMu.Unlock()
+	start := began
+	for i := 0; i < n-1; i++ {
+		at := start
+		if i < len(replays) {
+			at = replays[i]
+		}
+		o.reported++
+		o.hooks.attemptDone(AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+			Err: ErrTransportResent, Reason: "connection closed", Latency: at.Sub(start)})
+		start = at
+	}
+	o.reported++
+	a := AttemptInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
+		Err: err, Reason: reason, Latency: time.Since(start)}
+	if resp != nil {
+		a.Status = resp.StatusCode
+		a.Protocol = protocolVersion(resp)
+	}
+	o.hooks.attemptDone(a)
+}
+
+// protocolVersion returns resp's HTTP version as OpenTelemetry writes it:
+// "1.0", "1.1", "2", "3" (a minor version only when it is not 0, or for
+// HTTP/1), or "" when the response has none.
+func protocolVersion(resp *http.Response) string {
+	switch {
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 1:
+		return "1.1"
+	case resp.ProtoMajor == 1 && resp.ProtoMinor == 0:
+		return "1.0"
+	case resp.ProtoMajor >= 2 && resp.ProtoMinor == 0:
+		return strconv.Itoa(resp.ProtoMajor)
+	case resp.ProtoMajor == 0:
+		return ""
+	}
+	return strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor)
+}
+
+// resends returns the http.request.resend_count of the next request of a
+// call: every request under the key so far, this call's and earlier ones
+// (an unkeyed call counts its tries instead).
+func (o *operation) resends(int) int {
+	return o.rec.Attempts + o.written
+}
+
+// traced returns ctx with the operation's httptrace.ClientTrace, which
+// counts the requests written; httptrace.WithClientTrace composes it with
+// a trace ctx has of its own.
+//
+// It costs the context httptrace.WithClientTrace allocates. The operation
+// used to hold that context itself, answering httptrace's key, which it
+// found by probing httptrace.ContextClientTrace with a context that noted
+// the key asked for: one allocation saved per keyed request, against a
+// dependence on how an unexported key of the standard library is looked
+// up (a change there would have left idem's count of requests written,
+// and so net/http's silent replays, to the fallback of one per attempt).
+func (o *operation) traced(ctx context.Context) context.Context {
+	o.trace.WroteHeaders = o.countWrite
+	return httptrace.WithClientTrace(ctx, &o.trace)
+}
+
+// countWrite counts one request written, and notes the time of every one
+// after an attempt's first: net/http's silent replays.
+func (o *operation) countWrite() {
+	if o.wrote.Add(1) > 1 {
+		o.replayMu.Lock()
+		o.replayAt = append(o.replayAt, time.Now())
+		o.replayMu.Unlock()
+	}
+}

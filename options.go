@@ -128,8 +128,14 @@ func newConfig(opts []Option) config {
 	}
 	c.applyProvider() // after every option: the provider's retention bounds the window
 	// A name or key must outlive the window in which it may be sent again.
-	c.retention = max(c.retention, c.resendWindow+time.Hour)
+	c.retention = max(c.retention, c.resendWindow+RetentionMargin)
 	return c
+}
+
+// journalPolicy is the part of the configuration that travels with the
+// journal.
+func (c *config) journalPolicy() Policy {
+	return Policy{KeyHeader: c.header, ResendWindow: c.resendWindow, Retention: c.retention, MatchWindow: c.matchWindow}
 }
 
 // WithLogger sets the logger for what idem cannot return to a caller:

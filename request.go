@@ -1,14 +1,11 @@
 package idem
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
-
-	"github.com/idemgo/idem/internal/readall"
 )
 
 // checkRequest returns why req can never be sent, or nil: no URL, a scheme
@@ -79,29 +76,6 @@ func invalidIf(err error) error {
 
 // errNoBody is a GetBody that returned neither a body nor an error.
 var errNoBody = errors.New("GetBody returned a nil body and no error")
-
-// someBody returns getBody, made to return an error instead of a nil body.
-func someBody(getBody func() (io.ReadCloser, error)) func() (io.ReadCloser, error) {
-	return func() (io.ReadCloser, error) {
-		b, err := getBody()
-		if err == nil && b == nil {
-			return nil, errNoBody
-		}
-		return b, err
-	}
-}
-
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}
 
 // validMethod reports whether m is an HTTP token ("" means GET).
 func validMethod(m string) bool { return m == "" || validHeaderName(m) }
@@ -189,52 +163,4 @@ func readBody(req *http.Request, limit int64) (body []byte, rest io.ReadCloser, 
 		return body, req.Body, nil
 	}
 	return body, nil, req.Body.Close()
-}
-
-// readAtMost reads r to its end or to n bytes, whichever comes first, as
-// io.ReadAll(io.LimitReader(r, n)) does without the LimitedReader.
-func readAtMost(r io.Reader, n int64) ([]byte, error) {
-	return readall.Append(make([]byte, 0, min(n, 512)), r, n)
-}
-
-// closeBody closes a request's body, as a RoundTripper must even on errors.
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		req.Body.Close()
-	}
-}
-
-// discard drains a little of a response body, so that the connection can
-// be reused, and closes it.
-func discard(resp *http.Response) {
-	if pb, ok := resp.Body.(*peekedBody); !ok || !pb.stalled() {
-		io.CopyN(io.Discard, resp.Body, 4<<10)
-	}
-	resp.Body.Close()
-}
-
-// bodyFunc returns a GetBody over body. Its readers are what net/http
-// knows to be in memory (a *bytes.Reader behind io.NopCloser), so that it
-// writes a small request's header and body in one write instead of
-// flushing the header first.
-func bodyFunc(body []byte) func() (io.ReadCloser, error) {
-	if len(body) == 0 {
-		return func() (io.ReadCloser, error) { return http.NoBody, nil }
-	}
-	return func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(body)), nil
-	}
-}
-
-// maxQuoted bounds how much of a key or name an error or log line shows.
-const maxQuoted = 64
-
-// quote returns s quoted for an error text, shortened to maxQuoted bytes:
-// a key or name from a request must not inject lines into a log or print
-// a megabyte.
-func quote(s string) string {
-	if len(s) > maxQuoted {
-		return fmt.Sprintf("%q…(%d bytes)", s[:maxQuoted], len(s))
-	}
-	return fmt.Sprintf("%q", s)
 }

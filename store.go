@@ -91,7 +91,8 @@ var (
 	ErrLeaseLost = idemstore.ErrLeaseLost
 	// ErrPolicyConflict is idemstore.ErrPolicyConflict: the application's policy is looser than its journal's.
 	ErrPolicyConflict = idemstore.ErrPolicyConflict
-	// ErrInvalidKey is idemstore.ErrInvalidKey: an empty key or one longer than 255 bytes.
+	// ErrInvalidKey is idemstore.ErrInvalidKey: a key or operation name the
+	// journal refuses (its doc lists each case).
 	ErrInvalidKey = idemstore.ErrInvalidKey
 	// ErrInProgress is idemstore.ErrInProgress: the operation is in flight elsewhere.
 	ErrInProgress = idemstore.ErrInProgress

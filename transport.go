@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/internal/fingerprint"
 )
@@ -247,73 +249,6 @@ func (t *Transport) largeFingerprint(req *http.Request, url string, rest io.Read
 	return fp, err
 }
 
-// caller is what the attempts of one call report to: the journaled
-// operation of a keyed request, or an unkeyed call. Each attempt asks it
-// for a body, tells it what the attempt got, and then either hands it the
-// answer, stops it, or tells it a retry is due.
-type caller interface {
-	// body returns the body for attempt n (from 1), or nil to send the
-	// request's own.
-	body(n int) (io.ReadCloser, error)
-	// tried records what an attempt got and returns it counted: with its
-	// writes set, and a transient verdict made permanent when the request
-	// must not go again. (A try goes by value, so that it stays on the
-	// stack.)
-	tried(ctx context.Context, tr try) try
-	// retrying records a failed attempt before the wait for the next one.
-	retrying(ctx context.Context, tr try, wait time.Duration, source string)
-	// deliver hands resp to the caller as the call's answer.
-	deliver(resp *http.Response, v verdict) *http.Response
-	// stop ends a call that has no response for the caller and returns
-	// its error.
-	stop(cause, err error) error
-	// names returns the key and name the log shows for the call.
-	names() (key, name string)
-	// resends returns the http.request.resend_count of the next request
-	// of a call that has made tries attempts.
-	resends(tries int) int
-}
-
-var (
-	_ caller = (*operation)(nil)
-	_ caller = (*unkeyed)(nil)
-)
-
-// try is one attempt of a call: what it got and how it counts.
-type try struct {
-	began  time.Time // when it was sent
-	resp   *http.Response
-	err    error
-	v      verdict
-	reason string
-	sent   bool // a request may have reached the server
-	writes int  // requests it wrote; counted by caller.tried
-}
-
-// classify sets the attempt's verdict from its error, or from its
-// response by byResponse (the configuration's classify).
-func (tr *try) classify(ctx context.Context, byResponse func(*http.Response) (verdict, string)) {
-	tr.sent = true
-	if tr.err != nil {
-		tr.v, tr.reason, tr.sent = classifyError(tr.err)
-		if ctx.Err() != nil {
-			tr.v, tr.reason = permanent, "context done"
-		}
-	} else {
-		tr.v, tr.reason = byResponse(tr.resp)
-	}
-}
-
-// count sets the requests the attempt wrote: n, as httptrace reported
-// them, or one for a base RoundTripper that does not report writes.
-func (tr *try) count(n int) {
-	if n == 0 && (tr.resp != nil || tr.sent) {
-		n = 1 // a base RoundTripper that does not report writes
-	}
-	tr.writes = n
-	tr.sent = tr.sent || n > 0
-}
-
 // attempts runs the attempts of one call: send, classify, wait, send
 // again. c is the journaled operation, or the unkeyed call. A keyed
 // request is our own copy with a fresh body for every attempt; a request
@@ -403,13 +338,6 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 			return nil, c.stop(err, nil)
 		}
 	}
-}
-
-func statusOf(resp *http.Response) int {
-	if resp == nil {
-		return 0
-	}
-	return resp.StatusCode
 }
 
 // nextWait returns how long to wait before the next attempt and what set
@@ -526,4 +454,34 @@ func (t *Transport) CloseIdleConnections() {
 var idempotent = map[string]bool{
 	"": true, http.MethodGet: true, http.MethodHead: true, http.MethodPut: true,
 	http.MethodDelete: true, http.MethodOptions: true, http.MethodTrace: true,
+}
+
+// chooseKey returns the key and operation name for a keyed request: WithKey,
+// then WithOperation, then the request's key header (in any spelling), then
+// a new key. For a named operation the key is a candidate: the journal
+// returns the name's key if it has one.
+func (t *Transport) chooseKey(req *http.Request) (key, name string, src keySource, err error) {
+	ctx := req.Context()
+	if k, ok := ctx.Value(keyContext{}).(string); ok {
+		return k, "", keyFromContext, t.cfg.checkKey(k)
+	}
+	if n, ok := ctx.Value(operationContext{}).(string); ok {
+		if n == "" || len(n) > maxNameLen {
+			return "", "", keyFromName, fmt.Errorf("operation name must be 1 to %d bytes, got %d", maxNameLen, len(n))
+		}
+		if !utf8.ValidString(n) || strings.IndexByte(n, 0) >= 0 {
+			// Every store can keep it (PostgreSQL's text refuses the others).
+			return "", "", keyFromName, fmt.Errorf("operation name %s must be valid UTF-8 without NUL bytes", quote(n))
+		}
+		key, err := t.cfg.newKey()
+		return key, n, keyFromName, err
+	}
+	if k := headerKey(req.Header, t.cfg.header); k != "" {
+		if other := otherHeaderKey(req.Header, t.cfg.header, k); other != "" {
+			return "", "", keyFromHeader, fmt.Errorf("header %s holds two keys, %s and %s", t.cfg.header, quote(k), quote(other))
+		}
+		return k, "", keyFromHeader, t.cfg.checkKey(k)
+	}
+	key, err = t.cfg.newKey()
+	return key, "", keyNew, err
 }

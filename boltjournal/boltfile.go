@@ -56,9 +56,6 @@ type Options struct {
 	// Zero means 1 second; a negative value scrubs only at Close.
 	ScrubDelay time.Duration
 
-	// perWrite makes every change its own bbolt Update, without group
-	// commit. It exists for the benchmarks' baseline.
-	perWrite bool
 	// SkipCheck opens a journal without Open's check of its pending
 	// records and name mappings, for tools that read what they can of a
 	// damaged journal (the idem command's ls, pending, show and stats,

@@ -73,7 +73,7 @@ import (
 // one. A path that is a symbolic link is followed, and stays a link.
 type Store struct {
 	f      *boltFile
-	w      *groupcommit.Writer[*bolt.Tx]
+	w      committer
 	log    *slog.Logger
 	o      Options
 	closed atomic.Bool
@@ -165,7 +165,7 @@ func Open(path string, o *Options) (*Store, error) {
 			}
 		},
 	})
-	if opt.ScrubDelay > 0 && !opt.perWrite && !opt.ReadOnly {
+	if opt.ScrubDelay > 0 && !opt.ReadOnly {
 		s.scrubKick = make(chan struct{}, 1)
 		s.scrubStop, s.scrubDone = make(chan struct{}), make(chan struct{})
 		f.kick = s.kickScrub
@@ -174,22 +174,28 @@ func Open(path string, o *Options) (*Store, error) {
 	return s, nil
 }
 
+// committer commits the journal's changes: the group commit
+// (internal/groupcommit's Writer) that Open makes. The benchmarks' baseline
+// puts in one that commits each change in its own bbolt Update
+// (export_test.go).
+type committer interface {
+	// Do commits fn durably, in a group with other writers.
+	Do(ctx context.Context, fn func(*bolt.Tx) error) error
+	// Go queues fn for the next commit and returns at once.
+	Go(fn func(*bolt.Tx) error) error
+	// Sync waits until every change queued so far has committed.
+	Sync(ctx context.Context) error
+	// Close commits what is queued and stops.
+	Close() error
+}
+
 // write commits fn durably, in a group with other writers.
 func (s *Store) write(ctx context.Context, fn func(*bolt.Tx) error) error {
-	if s.o.perWrite {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		return s.f.Update(fn)
-	}
 	return closedErr(s.w.Do(ctx, fn))
 }
 
 // writeAsync queues fn for the next commit and returns at once.
 func (s *Store) writeAsync(fn func(*bolt.Tx) error) error {
-	if s.o.perWrite {
-		return s.f.Update(fn)
-	}
 	return closedErr(s.w.Go(fn))
 }
 
@@ -198,9 +204,6 @@ func (s *Store) writeAsync(fn func(*bolt.Tx) error) error {
 func (s *Store) settle(ctx context.Context) error {
 	if err := s.check(ctx); err != nil {
 		return err
-	}
-	if s.o.perWrite {
-		return nil
 	}
 	return closedErr(s.w.Sync(ctx))
 }

@@ -1,18 +1,49 @@
 package boltjournal
 
-import "time"
+import (
+	"context"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
 
 // OpenPerWrite opens a Store that commits every change in its
 // own bbolt Update, without group commit: the benchmarks' baseline. It uses
-// the same codec and layout as Open.
+// the same codec and layout as Open; free pages are scrubbed at Close only.
 func OpenPerWrite(path string, o *Options) (*Store, error) {
 	var opt Options
 	if o != nil {
 		opt = *o
 	}
-	opt.perWrite = true
-	return Open(path, &opt)
+	opt.ScrubDelay = -1
+	s, err := Open(path, &opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.w.Close(); err != nil { // nothing is queued yet
+		s.Close()
+		return nil, err
+	}
+	s.w = perWrite{s.f}
+	return s, nil
 }
+
+// perWrite is the committer of OpenPerWrite: each change is its own
+// bbolt Update.
+type perWrite struct{ f *boltFile }
+
+func (p perWrite) Do(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return p.f.Update(fn)
+}
+
+func (p perWrite) Go(fn func(*bolt.Tx) error) error { return p.f.Update(fn) }
+
+func (p perWrite) Sync(context.Context) error { return nil }
+
+func (p perWrite) Close() error { return nil }
 
 // Journal bucket names and format marker, for tests that damage or forge
 // a journal on purpose.

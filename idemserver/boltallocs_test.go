@@ -14,8 +14,11 @@ import (
 // Begin and Complete on a BoltStore, its commit included (one caller, so
 // one commit each): 106 before the records were kept in expiry order with
 // an index in memory (no read transaction for a new key, no record to
-// delete, fewer pages) and counter tokens, 66 after; most of what is left
-// is bbolt's commit.
+// delete, fewer pages) and counter tokens, 66 after; 94 once each commit
+// also wrote the key's entry in the index bucket (a second bucket's leaf
+// and root in bbolt's commit, and a lookup of the entry's count), which
+// keeps Open from reading the answers. Most of it is bbolt's commit, which
+// a group of concurrent completions shares.
 func TestBoltStoreNewKeyAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -45,7 +48,7 @@ func TestBoltStoreNewKeyAllocations(t *testing.T) {
 		}
 	})
 	t.Logf("%.1f allocations per new key", allocs)
-	if allocs > 72 {
-		t.Errorf("%.1f allocations per new key, want at most 72", allocs)
+	if allocs > 96 {
+		t.Errorf("%.1f allocations per new key, want at most 96", allocs)
 	}
 }

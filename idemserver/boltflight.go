@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -22,65 +23,35 @@ type flights struct {
 	mu     sync.Mutex
 	tokens uint64 // the last token given; under mu, like everything here
 	m      map[string]*flight
-	// The index of stored keys: id -> expiry of its record (see
-	// expiresAt); changed after commits only. An id is in stored or in
-	// draining, never both.
-	stored   map[string]uint64
-	draining map[string]uint64 // an earlier stored, moved into stored a step at a time
-	peak     int               // the most keys the index held since stored was made
+	// idx is the index of stored keys (see keyIndex), changed after
+	// commits only.
+	idx keyIndex
 }
 
-// The index is rebuilt smaller once it has fallen under half its peak,
-// if that peak was at least minShrink keys: a Go map keeps its buckets
-// after deletes. The keys move into the new map drainStep at a time per
-// sweep transaction (and a few per Complete), so that no request waits
-// behind a copy of the whole index.
-const (
-	minShrink  = 1024
-	drainStep  = 4096
-	drainOnAdd = 8
-)
-
-// lookup returns the expiry of id's record in the index; f.mu must be
-// held.
+// lookup returns the expiry of a record of id in the index (the first,
+// if the index holds several for id's hash); f.mu must be held.
 func (f *flights) lookup(id string) (uint64, bool) {
-	if exp, ok := f.stored[id]; ok {
-		return exp, ok
+	var buf [1]uint64
+	es := f.idx.expiries(idHash(id), buf[:0])
+	if len(es) == 0 {
+		return 0, false
 	}
-	exp, ok := f.draining[id]
-	return exp, ok
+	return es[0], true
 }
 
-// indexed returns how many keys the index holds; f.mu must be held.
-func (f *flights) indexed() int { return len(f.stored) + len(f.draining) }
+// indexed returns how many records the index holds; f.mu must be held.
+func (f *flights) indexed() int { return f.idx.n }
 
-// index records that id's record, expiring at exp, entered the index;
+// index records that a record of id, expiring at exp, entered the index;
 // f.mu must be held.
-func (f *flights) index(id string, exp uint64) {
-	if f.draining != nil {
-		delete(f.draining, id)
-		f.drain(drainOnAdd)
-	}
-	f.stored[id] = exp
-	f.peak = max(f.peak, f.indexed())
-}
+func (f *flights) index(id string, exp uint64) { f.idx.add(idHash(id), exp) }
 
-// drain moves up to n keys from draining into stored, and lets draining
-// go once it is empty; f.mu must be held.
-func (f *flights) drain(n int) {
-	for id, exp := range f.draining {
-		if n == 0 {
-			return
-		}
-		f.stored[id] = exp
-		delete(f.draining, id)
-		n--
-	}
-	f.draining = nil
-}
+// unindex records that the record of id expiring at exp left the file;
+// f.mu must be held.
+func (f *flights) unindex(id string, exp uint64) { f.idx.remove(idHash(id), exp) }
 
 // forget takes the records of the keys gone (records bucket keys) out of
-// the index, unless a later record replaced them.
+// the index.
 func (f *flights) forget(gone [][]byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -88,18 +59,12 @@ func (f *flights) forget(gone [][]byte) {
 		if len(k) < 8 {
 			continue
 		}
-		id := string(k[8:])
-		if exp, ok := f.lookup(id); ok && exp == binary.BigEndian.Uint64(k) {
-			delete(f.stored, id)
-			delete(f.draining, id)
+		h, exp := idHash(string(k[8:])), binary.BigEndian.Uint64(k)
+		if !f.idx.remove(h, exp) {
+			f.idx.sweptUnindexed(h, exp)
 		}
 	}
-	if f.draining == nil && f.peak >= minShrink && len(f.stored) < f.peak/2 {
-		f.draining, f.stored, f.peak = f.stored, make(map[string]uint64, len(f.stored)), len(f.stored)
-	}
-	if f.draining != nil {
-		f.drain(drainStep)
-	}
+	f.idx.shrink()
 }
 
 // flight is one key in flight.
@@ -188,18 +153,34 @@ func (s *BoltStore) begin(b Begin, held bool) (Claim, error) {
 	// Read under f.mu: a Complete deletes its flight only after its
 	// record committed and entered the index, so this sees every record
 	// whose flight is gone. A key without a live record needs no read;
-	// get checks that the record expires at exp, after b.Now.
-	if exp, ok := f.lookup(b.ID); ok && exp > expiresAt(b.Now) {
+	// get checks that the record expires at exp, after b.Now. An id that
+	// shares its hash with another is read at each of the hash's
+	// expiries until its own record is found.
+	var buf [2]uint64
+	now := expiresAt(b.Now)
+	es := slices.DeleteFunc(f.idx.expiries(idHash(b.ID), buf[:0]), func(e uint64) bool { return e <= now })
+	if len(es) > 1 {
+		// Of two records of one id (a damaged file), the later wins.
+		slices.Sort(es)
+		slices.Reverse(es)
+	}
+	if len(es) > 0 {
 		var c Claim
 		err := s.read(func(tx *bolt.Tx) error {
-			r, err := get(tx, b.ID, exp)
-			if err != nil || r == nil || r.resp == nil {
-				return err
-			}
-			if r.fingerprint != b.Fingerprint {
-				c = Claim{State: StateMismatch}
-			} else {
-				c = Claim{State: StateDone, Response: r.resp}
+			for _, exp := range es {
+				r, err := get(tx, b.ID, exp)
+				if err != nil || r == nil || r.resp == nil {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				if r.fingerprint != b.Fingerprint {
+					c = Claim{State: StateMismatch}
+				} else {
+					c = Claim{State: StateDone, Response: r.resp}
+				}
+				return nil
 			}
 			return nil
 		})
@@ -276,7 +257,8 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if err == nil {
 		fl.completing = true
 	}
-	old, hadOld := f.lookup(c.ID) // an expired record not swept yet
+	h := idHash(c.ID)
+	olds := f.idx.expiries(h, nil) // an expired record of c.ID not swept yet may be among them
 	f.mu.Unlock()
 	if err != nil {
 		return err
@@ -284,12 +266,13 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	// The record is encoded here, not on the writer's goroutine, which
 	// every commit waits for.
 	exp := expiresAt(c.Until)
-	var oldKey []byte
-	if hadOld {
-		oldKey = recordKey(old, c.ID)
-	}
 	key, v := recordKey(exp, c.ID), encode(&record{fingerprint: fl.fingerprint, expires: c.Until, resp: c.Response})
-	err = s.write(ctx, func(tx *bolt.Tx) error { return putRecord(tx, oldKey, key, v) })
+	var old uint64
+	replaced := false
+	err = s.write(ctx, func(tx *bolt.Tx) (err error) {
+		old, replaced, err = putRecord(tx, c.ID, h, olds, key, v)
+		return err
+	})
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -303,7 +286,10 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 		// The answer is still withheld: it may not be durable.
 	}
 	delete(f.m, c.ID)
-	f.index(c.ID, exp)
+	if replaced {
+		f.idx.remove(h, old)
+	}
+	f.idx.add(h, exp)
 	return err
 }
 
@@ -318,15 +304,26 @@ func (s *BoltStore) holds(key, v []byte) bool {
 	return err == nil && found
 }
 
-// putRecord stores the record v under key, after deleting the one under
-// oldKey unless it is nil.
-func putRecord(tx *bolt.Tx, oldKey, key, v []byte) error {
-	b := tx.Bucket(bucketRecords)
-	b.FillPercent = 1
-	if oldKey != nil {
-		if err := b.Delete(oldKey); err != nil {
-			return err
+// putRecord stores the record v of id under key, and its index entry,
+// after deleting the record of id at the first of the expiries olds that
+// holds one, if any: it returns that expiry and whether it found one.
+func putRecord(tx *bolt.Tx, id string, h uint64, olds []uint64, key, v []byte) (old uint64, replaced bool, err error) {
+	recs, idx := tx.Bucket(bucketRecords), tx.Bucket(bucketIndex)
+	recs.FillPercent, idx.FillPercent = 1, 1
+	for _, e := range olds {
+		if k := recordKey(e, id); recs.Get(k) != nil {
+			if err := recs.Delete(k); err != nil {
+				return 0, false, err
+			}
+			if err := indexSub(idx, e, h); err != nil {
+				return 0, false, err
+			}
+			old, replaced = e, true
+			break
 		}
 	}
-	return b.Put(key, v)
+	if err := recs.Put(key, v); err != nil {
+		return 0, false, err
+	}
+	return old, replaced, indexAdd(idx, binary.BigEndian.Uint64(key), h)
 }

@@ -80,7 +80,7 @@ func TestBoltStoreReadsFormat2(t *testing.T) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
 	require.NoError(t, err)
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		assert.Equal(t, "idemserver-bolt-3", string(tx.Bucket([]byte("meta")).Get([]byte("format"))))
+		assert.Equal(t, "idemserver-bolt-4", string(tx.Bucket([]byte("meta")).Get([]byte("format"))))
 		assert.Nil(t, tx.Bucket([]byte("keys")), "format 2's buckets are gone")
 		assert.Nil(t, tx.Bucket([]byte("expiry")))
 		return nil
@@ -102,10 +102,11 @@ func TestBoltStoreReadsFormat2(t *testing.T) {
 	assert.Equal(t, idemserver.StateDone, c.State)
 }
 
-// TestBoltStoreDamagedRecordKey: a record key too short to hold an
-// expiry can only come from damage; Open refuses the file rather than
-// build an index without that key (whose request would run again).
-func TestBoltStoreDamagedRecordKey(t *testing.T) {
+// TestBoltStoreDamagedIndexEntry: an index entry too short to hold an
+// expiry and a hash can only come from damage; Open refuses the file
+// rather than build an index without that key (whose request would run
+// again).
+func TestBoltStoreDamagedIndexEntry(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	s, err := idemserver.OpenBoltStore(path, nil)
 	require.NoError(t, err)
@@ -114,11 +115,60 @@ func TestBoltStoreDamagedRecordKey(t *testing.T) {
 	db, err := bolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte("records")).Put([]byte("short"), []byte("x"))
+		return tx.Bucket([]byte("index")).Put([]byte("short"), []byte{1})
 	}))
 	require.NoError(t, db.Close())
 
 	_, err = idemserver.OpenBoltStore(path, nil)
 	require.ErrorIs(t, err, idem.ErrJournalCorrupt)
-	assert.Contains(t, err.Error(), "record key of 5 bytes")
+	assert.Contains(t, err.Error(), "index entry of 5 bytes")
+}
+
+// TestBoltStoreReadsFormat3 opens a file of format 3, records in expiry
+// order without the index bucket: its answers are replayed, and the file
+// is in the current format afterwards, with one index entry per record.
+func TestBoltStoreReadsFormat3(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	ids := []string{"expired", "a", "b"}
+	db, err := bolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		m, err := tx.CreateBucket([]byte("meta"))
+		require.NoError(t, err)
+		require.NoError(t, m.Put([]byte("format"), []byte("idemserver-bolt-3")))
+		recs, err := tx.CreateBucket([]byte("records"))
+		require.NoError(t, err)
+		for i, id := range ids {
+			exp := t0.Add(time.Duration(i) * time.Hour)
+			v := codec.ServerAppend(nil, &codec.ServerRecord{Kind: codec.ServerDone, Expires: exp.UnixNano(), Status: 201,
+				Fingerprint: "fp", Header: map[string][]string{"Location": {"/o/" + id}}, Body: []byte("body of " + id)})
+			require.NoError(t, recs.Put(append(binary.BigEndian.AppendUint64(nil, uint64(exp.UnixNano())), id...), v))
+		}
+		return nil
+	}))
+	require.NoError(t, db.Close())
+	ctx := context.Background()
+	for range 2 { // migrated at the first Open, read at the second
+		s, err := idemserver.OpenBoltStore(path, nil)
+		require.NoError(t, err)
+		now := t0.Add(time.Second)
+		for _, id := range []string{"a", "b"} {
+			c, err := s.Begin(ctx, idemserver.Begin{ID: id, Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+			require.NoError(t, err, id)
+			require.Equal(t, idemserver.StateDone, c.State, id)
+			assert.Equal(t, "body of "+id, string(c.Response.Body))
+		}
+		c, err := s.Begin(ctx, idemserver.Begin{ID: "expired", Fingerprint: "fp", Now: now, LeaseUntil: now.Add(time.Minute)})
+		require.NoError(t, err)
+		assert.Equal(t, idemserver.StateAcquired, c.State)
+		require.NoError(t, s.Close())
+	}
+	db, err = bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, db.View(func(tx *bolt.Tx) error {
+		assert.Equal(t, "idemserver-bolt-4", string(tx.Bucket([]byte("meta")).Get([]byte("format"))))
+		assert.Equal(t, len(ids), tx.Bucket([]byte("index")).Stats().KeyN)
+		return nil
+	}))
 }

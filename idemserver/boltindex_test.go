@@ -99,3 +99,39 @@ func TestBoltIndexUnderSweeps(t *testing.T) {
 		t.Errorf("index holds %d keys after the last sweep, want 0", n)
 	}
 }
+
+// TestKeyIndexSharedHash: ids that share a hash are one entry of the
+// index with every expiry, each removed on its own, and the entry goes
+// back to a single expiry, then away; a record swept before its add is
+// never indexed.
+func TestKeyIndexSharedHash(t *testing.T) {
+	var x keyIndex
+	x.add(7, 100)
+	x.add(7, 200)
+	x.add(7, 300)
+	x.add(8, 100)
+	if got := x.expiries(7, nil); len(got) != 3 || got[0] != 100 || got[1] != 200 || got[2] != 300 {
+		t.Fatalf("expiries of 7: %v", got)
+	}
+	if x.remove(7, 999) || x.n != 4 {
+		t.Fatalf("removed an expiry the hash does not have; n %d", x.n)
+	}
+	if !x.remove(7, 200) || !x.remove(7, 100) {
+		t.Fatal("an expiry of 7 not removed")
+	}
+	if got := x.expiries(7, nil); len(got) != 1 || got[0] != 300 || len(x.multi) != 0 {
+		t.Fatalf("expiries of 7 after two removals: %v, multi %v", got, x.multi)
+	}
+	if !x.remove(7, 300) || len(x.expiries(7, nil)) != 0 || x.n != 1 {
+		t.Fatalf("7 still indexed: %v, n %d", x.expiries(7, nil), x.n)
+	}
+	x.sweptUnindexed(9, 50)
+	x.add(9, 50)
+	if len(x.expiries(9, nil)) != 0 || x.n != 1 {
+		t.Fatalf("a record swept before its add was indexed: %v", x.expiries(9, nil))
+	}
+	x.add(9, 50)
+	if got := x.expiries(9, nil); len(got) != 1 {
+		t.Fatalf("a later add of the pair was not indexed: %v", got)
+	}
+}

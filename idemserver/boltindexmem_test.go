@@ -37,7 +37,6 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	id := func(i int) string { return fmt.Sprintf("%064d", i) }
 	err = s.write(context.Background(), func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRecords)
 		for i := range n {
 			// Nine in ten expire at t0+1s, the others at t0+1h.
 			until := t0.Add(time.Second)
@@ -45,7 +44,7 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 				until = t0.Add(time.Hour)
 			}
 			v := encode(&record{fingerprint: "fp", expires: until, resp: &Response{Status: 201, Body: []byte("ok")}})
-			if err := b.Put(recordKey(expiresAt(until), id(i)), v); err != nil {
+			if _, _, err := putRecord(tx, id(i), idHash(id(i)), nil, recordKey(expiresAt(until), id(i)), v); err != nil {
 				return err
 			}
 		}
@@ -94,7 +93,7 @@ func TestBoltIndexShrinksAfterSweeps(t *testing.T) {
 // map must go once drained.
 func TestBoltIndexDrain(t *testing.T) {
 	const n = 20000
-	f := &flights{stored: map[string]uint64{}}
+	f := &flights{}
 	ref := map[string]uint64{}
 	id := func(i int) string { return fmt.Sprintf("k%05d", i) }
 	for i := range n {
@@ -131,12 +130,13 @@ func TestBoltIndexDrain(t *testing.T) {
 		f.forget(gone)
 		// ... replace a key not forgotten yet and add one.
 		if j := (round+2)*1000 + 3; j < n {
+			f.unindex(id(j), ref[id(j)])
 			f.index(id(j), uint64(j)+n)
 			ref[id(j)] = uint64(j) + n
 		}
 		f.index(id(n+round), 1)
 		ref[id(n+round)] = 1
-		if f.draining != nil {
+		if f.idx.draining != nil {
 			drained = true
 		}
 		check(fmt.Sprintf("round %d", round))
@@ -144,7 +144,7 @@ func TestBoltIndexDrain(t *testing.T) {
 	if !drained {
 		t.Fatal("the index was never rebuilt")
 	}
-	if f.draining != nil {
-		t.Errorf("the old map is still held, with %d keys", len(f.draining))
+	if f.idx.draining != nil {
+		t.Errorf("the old map is still held, with %d keys", len(f.idx.draining))
 	}
 }

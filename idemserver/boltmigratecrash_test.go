@@ -37,7 +37,7 @@ func childMigrate() int {
 }
 
 // TestBoltMigrationCrash kills a child process (SIGKILL) at points spread
-// over its Open of a format 2 file, whose conversion is one transaction,
+// over its Open of a format 2 file, whose conversion is two transactions,
 // and a little past its end: whatever the moment, the next Open finds
 // every record once, in the current format, and replays each.
 func TestBoltMigrationCrash(t *testing.T) {
@@ -121,7 +121,7 @@ func checkMigrated(t *testing.T, path string, ids []string) {
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.View(func(tx *bolt.Tx) error {
-		assert.Equal(t, "idemserver-bolt-3", string(tx.Bucket([]byte("meta")).Get([]byte("format"))))
+		assert.Equal(t, "idemserver-bolt-4", string(tx.Bucket([]byte("meta")).Get([]byte("format"))))
 		assert.Nil(t, tx.Bucket([]byte("keys")))
 		assert.Nil(t, tx.Bucket([]byte("expiry")))
 		seen := map[string]int{}

@@ -67,12 +67,12 @@ func TestBoltExpiryOrderEdges(t *testing.T) {
 	// A record of d, damaged into two: an older one expiring later than
 	// the one the index names would be the wrong answer.
 	if err := s.write(ctx, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRecords)
 		for _, r := range []struct {
 			until time.Time
 			body  string
 		}{{t0.Add(10 * time.Minute), "d-early"}, {t0.Add(3 * time.Hour), "d-late"}} {
-			if err := b.Put(recordKey(expiresAt(r.until), "d"), encode(&record{fingerprint: "fp", expires: r.until, resp: resp(r.body)})); err != nil {
+			v := encode(&record{fingerprint: "fp", expires: r.until, resp: resp(r.body)})
+			if _, _, err := putRecord(tx, "d", idHash("d"), nil, recordKey(expiresAt(r.until), "d"), v); err != nil {
 				return err
 			}
 		}
@@ -94,7 +94,7 @@ func TestBoltExpiryOrderEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	check()
-	// Open's index names d's later record.
+	// Of d's two records, the later is replayed.
 	replays("d", t0.Add(time.Minute), "d-late")
 
 	// A sweep at t0+20m takes d's early record and k's: d's entry stays.

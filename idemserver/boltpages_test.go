@@ -36,7 +36,7 @@ func TestBoltGroupCommitPages(t *testing.T) {
 				id, now := nextKey()
 				until := now.Add(24 * time.Hour)
 				v := encode(&record{fingerprint: hexSum([]byte(id)), expires: until, resp: resp})
-				if err := putRecord(tx, nil, recordKey(expiresAt(until), id), v); err != nil {
+				if _, _, err := putRecord(tx, id, idHash(id), nil, recordKey(expiresAt(until), id), v); err != nil {
 					return err
 				}
 			}

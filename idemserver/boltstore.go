@@ -58,9 +58,12 @@ type BoltOptions struct {
 // Stored responses are kept in the file in the order they expire, so that
 // the records a group commit adds are neighbours, written in a few pages
 // whatever their keys; the store finds a key's record through an index
-// in memory that Open builds by reading every stored key (not the
-// responses): about 120 bytes of memory per stored key of the
-// middleware (64-byte ids), given back as sweeps delete the keys.
+// in memory, of a 64-bit hash of each stored key and its record's expiry.
+// Open builds it, presized, from an index bucket of 32 bytes per key in
+// the file, never reading the records: at most 40 bytes of memory per
+// stored key whatever the length of its id or answer (38 at one million
+// keys), given back as sweeps delete the keys. See BENCHMARKS.md for
+// Open's time and memory at millions of keys.
 type BoltStore struct {
 	f       *boltfile.File
 	w       *groupcommit.Writer[*bolt.Tx]
@@ -75,7 +78,8 @@ var (
 	bucketMeta    = []byte("meta")
 	bucketRecords = []byte("records") // expires (8 bytes, big endian) + id -> record
 	metaFormatKey = []byte("format")
-	metaFormat    = []byte("idemserver-bolt-3") // records in internal/codec's server format, in expiry order
+	metaFormat    = []byte("idemserver-bolt-4") // records in internal/codec's server format, in expiry order, and their index
+	metaFormatV3  = []byte("idemserver-bolt-3") // the same records without the index bucket: migrated at Open
 	metaFormatV2  = []byte("idemserver-bolt-2") // the same records by id, and an expiry index: migrated at Open
 	metaFormatV1  = []byte("idemserver-bolt-1") // records of an earlier release, without checksums
 
@@ -103,9 +107,11 @@ var (
 // every transaction that the file has not gone back to an older copy
 // (idem.ErrJournalCorrupt); Close reports both.
 //
-// A file of the previous release's format (records by key) is converted
-// to this one at Open, in one transaction; the previous release refuses a
-// converted file (idem.ErrJournalCorrupt, "store format").
+// A file of an earlier release's format is converted to this one at Open:
+// format 3 (no index bucket) gets its index, in one transaction that reads
+// every record once; format 2 (records by key) is moved into expiry order
+// first, in another. The previous release refuses a converted file
+// (idem.ErrJournalCorrupt, "store format").
 func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 	var opt BoltOptions
 	if o != nil {
@@ -120,7 +126,7 @@ func OpenBoltStore(path string, o *BoltOptions) (*BoltStore, error) {
 		FormatKey:   metaFormatKey,
 		Marker:      metaFormat,
 		CheckFormat: checkFormat,
-		Buckets:     [][]byte{bucketRecords},
+		Buckets:     [][]byte{bucketRecords, bucketIndex},
 		Compact:     true,
 	})
 	if err != nil {
@@ -146,7 +152,7 @@ var storeErrors = boltfile.Errors{
 // checkFormat checks the store's format marker.
 func checkFormat(f []byte) error {
 	switch {
-	case bytes.Equal(f, metaFormat), bytes.Equal(f, metaFormatV2):
+	case bytes.Equal(f, metaFormat), bytes.Equal(f, metaFormatV3), bytes.Equal(f, metaFormatV2):
 		return nil
 	case bytes.Equal(f, metaFormatV1):
 		// Records without checksums: an earlier release's store of
@@ -206,7 +212,7 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	for {
 		err := s.write(ctx, func(tx *bolt.Tx) error {
 			gone = gone[:0]
-			b := tx.Bucket(bucketRecords)
+			b, idx := tx.Bucket(bucketRecords), tx.Bucket(bucketIndex)
 			c := b.Cursor()
 			for k, _ := c.First(); k != nil && len(gone) < sweepChunk; k, _ = c.Next() {
 				if len(k) >= 8 && binary.BigEndian.Uint64(k) > until {
@@ -217,6 +223,11 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			for _, k := range gone {
 				if err := b.Delete(k); err != nil {
 					return err
+				}
+				if len(k) >= 8 {
+					if err := indexSub(idx, binary.BigEndian.Uint64(k), idHash(string(k[8:]))); err != nil {
+						return err
+					}
 				}
 			}
 			return nil

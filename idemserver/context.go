@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 
@@ -64,17 +65,57 @@ func Step(ctx context.Context, step string) context.Context {
 }
 
 // JSONEventID returns an EventID that reads the string member field of the
-// JSON object in the body, such as Stripe's event "id".
+// JSON object in the body, such as Stripe's event "id". A body without the
+// member, or with null, has no id; a body that is not a JSON object, or a
+// member that is not a string, is an error.
 func JSONEventID(field string) EventID {
 	return func(_ *http.Request, body []byte) (string, error) {
 		var doc map[string]json.RawMessage
 		if err := json.Unmarshal(body, &doc); err != nil {
 			return "", fmt.Errorf("idemserver: webhook body: %w", err)
 		}
+		raw, ok := doc[field]
+		if !ok {
+			return "", nil
+		}
 		var id string
-		if err := json.Unmarshal(doc[field], &id); err != nil {
+		if err := json.Unmarshal(raw, &id); err != nil {
 			return "", fmt.Errorf("idemserver: webhook event id %q: %w", field, err)
 		}
 		return id, nil
 	}
+}
+
+// replayContext is the context key of a *replayMark.
+type replayContext struct{}
+
+// replayMark records whether the middleware answered a request from a
+// stored response.
+type replayMark struct{ replayed atomic.Bool }
+
+// TrackReplay returns a context in which IsReplay reports whether the
+// middleware answered the request carrying it with a stored response.
+// Middleware that runs before idemserver's, such as logging or metrics,
+// uses it as Fiber's IsFromCache:
+//
+//	r = r.WithContext(idemserver.TrackReplay(r.Context()))
+//	next.ServeHTTP(w, r)
+//	if idemserver.IsReplay(r.Context()) { ... }
+//
+// The middleware marks a context that has no mark itself, for its
+// WithOnReplay functions.
+func TrackReplay(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(replayContext{}).(*replayMark); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, replayContext{}, new(replayMark))
+}
+
+// IsReplay reports whether the request of ctx, a context made by
+// TrackReplay (or one derived from it), was answered from a stored
+// response: a replay, or a "done, not kept" answer. It is false in the
+// handler, which a replay does not run.
+func IsReplay(ctx context.Context) bool {
+	m, ok := ctx.Value(replayContext{}).(*replayMark)
+	return ok && m.replayed.Load()
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,13 @@ import (
 //     Retry-After;
 //   - a key with a stored response gets that status, the replay headers
 //     and body again, with "Idempotent-Replayed: true";
+//
+// What is stored is what went on the wire, by net/http's rules: the
+// header as it stood when the status was written (a handler's later
+// changes reach neither the client nor the store), the trailers sent
+// after the body (replayed as trailers), the final status. Informational
+// answers (103 Early Hints) go out at once and are not replayed; 101
+// Switching Protocols is final, and leaves a "done, not kept" record.
 //   - a key used before with another payload gets 422 Unprocessable
 //     Content.
 //
@@ -50,8 +58,9 @@ import (
 //     instead and the key stays locked until its lease lapses (or, when
 //     the request's transaction rolled back for certain, ErrRolledBack,
 //     is released at once: nothing of the handler's remains).
-//   - A response over WithMaxResponseBytes, a hijacked connection, a
-//     stream that failed or panicked after its first flush: the handler
+//   - A response over WithMaxResponseBytes, a hijacked connection, a 101
+//     Switching Protocols, a stream that failed or panicked after its
+//     first flush: the handler
 //     ran and the client saw (part of) its answer, so the key keeps a
 //     "done, not kept" record and a retry gets 409 ProblemNotKept, never
 //     a second run.
@@ -86,6 +95,7 @@ type Middleware struct {
 	store Store
 	cfg   config
 	now   func() time.Time // time.Now; tests of a crash replace it
+	cache *answerCache     // nil without WithAnswerCache
 
 	lastSweep atomic.Int64 // unix nanoseconds of the last sweep
 	buffered  budget       // bytes reserved by keyed requests in flight
@@ -101,6 +111,7 @@ type Middleware struct {
 // New returns a Middleware that keeps its keys in store.
 func New(store Store, opts ...Option) *Middleware {
 	m := &Middleware{store: store, cfg: newConfig(opts), now: time.Now}
+	m.cache = newAnswerCache(m.cfg.cacheBytes)
 	m.stop, m.cancel = context.WithCancel(context.Background())
 	m.lastSweep.Store(m.now().UnixNano())
 	if len(m.cfg.refused) > 0 {
@@ -155,8 +166,9 @@ func (m *Middleware) Optional(h http.Handler) http.Handler {
 }
 
 // EventID returns the event id of an inbound webhook, given the request
-// and its whole body; "" or an error means the request has none and is
-// answered 400.
+// and its whole body. "" means the delivery has none, and is answered 400
+// ProblemMissingKey; an error, or an id ParseKey refuses, means it is
+// malformed, and is answered 400 ProblemInvalidKey.
 type EventID func(r *http.Request, body []byte) (string, error)
 
 // HeaderEventID returns an EventID that reads the header name.
@@ -272,19 +284,31 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		br.Reset(body)
 		id, err := h.rt.webhook(r, body)
+		if err == nil && id == "" {
+			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing",
+				"The delivery carries no event id.", 0)
+			return
+		}
 		if err == nil {
 			key, err = ParseKey(id)
 		}
-		if err != nil || key == "" {
-			detail := "The delivery carries no event id."
-			if err != nil {
-				detail = "The delivery's event id is invalid: " + err.Error()
-			}
-			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing or invalid", detail, 0)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, ProblemInvalidKey, "Webhook event id is invalid",
+				"The delivery's event id is invalid: "+err.Error(), 0)
 			return
 		}
 		br.Reset(body) // for the handler, whatever id read
 		r.Body = br
+	} else if m.cfg.fingerprint != nil {
+		fb, err := m.cfg.fingerprint(r, body)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, ProblemBadRequest, "Bad Request",
+				"The request body cannot be fingerprinted: "+err.Error(), 0)
+			return
+		}
+		b := make([]byte, 0, prefix+8+len(fb))
+		b = binary.BigEndian.AppendUint64(append(b, buf[:prefix]...), uint64(len(fb)))
+		fp = hexSum(append(b, fb...))
 	} else {
 		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
 		fp = hexSum(buf)
@@ -375,12 +399,14 @@ func hexSum(b []byte) string {
 	return string(out[:])
 }
 
-// pick returns the headers of h named in names.
+// pick returns the headers of h named in names. The values are h's own
+// slices, not copies: h is the recorder's copy of the header as it was
+// sent, and stores copy what they keep.
 func pick(h http.Header, names []string) http.Header {
 	out := make(http.Header, len(names))
 	for _, k := range names {
 		if v := h.Values(k); len(v) > 0 {
-			out[k] = append([]string(nil), v...)
+			out[k] = slices.Clip(v)
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package idemserver
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -77,6 +78,10 @@ type config struct {
 	timeout     time.Duration
 	refused     []string // replay headers WithReplayHeaders refused
 	logger      *slog.Logger
+	wait        time.Duration // how long a duplicate waits for the first request's answer
+	fingerprint func(r *http.Request, body []byte) ([]byte, error)
+	onReplay    []func(w http.ResponseWriter, r *http.Request, resp *Response)
+	cacheBytes  int // the answer cache's bound; 0: no cache
 }
 
 func newConfig(opts []Option) config {
@@ -145,7 +150,8 @@ func WithFingerprintHeaders(names ...string) Option {
 // (Set-Cookie, WWW-Authenticate, Authentication-Info, Clear-Site-Data and
 // the like) are refused: they are left out, and New logs an error naming
 // them. WithPrincipalReplayHeaders adds them for an application that means
-// it.
+// it. Trailers the handler declared and sent are stored and replayed as
+// trailers whatever the list holds, except those that belong to a session.
 func WithReplayHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replay, c.refused = nil, nil
@@ -289,4 +295,79 @@ func WithSweepInterval(d time.Duration) Option {
 // could not be stored. Nil, the default, is silent.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
+}
+
+// WithWait makes a request whose key is held by a request still running
+// wait up to d for that request's answer, checking the store at growing
+// intervals (from 10 ms to a quarter of d, at most a second), and get the
+// answer as a replay instead of 409; if the first request's key is
+// released (a 5xx, a panic), the waiting request runs the handler itself.
+// When d passes, or the request's context ends, the answer is 409 with
+// Retry-After as without it. The default (0) answers 409 at once, as the
+// draft's "in progress" answer says.
+func WithWait(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.wait = d
+		}
+	}
+}
+
+// WithFingerprint sets what of the request body the payload fingerprint
+// covers: fn returns the bytes to fingerprint in its place (a canonical
+// form, a part of it), or an error, answered 400 ProblemBadRequest. The
+// query string and WithFingerprintHeaders are covered as before. Keys
+// stored with another fingerprint function read as used with another
+// payload (422) until they expire. Nil, the default, covers the whole
+// body, byte for byte.
+func WithFingerprint(fn func(r *http.Request, body []byte) ([]byte, error)) Option {
+	return func(c *config) { c.fingerprint = fn }
+}
+
+// WithFingerprintIgnoring makes the fingerprint cover a JSON body without
+// the named members, for bodies that carry a timestamp, a nonce or a
+// signature that differs from one retry to the next. A name is a member of
+// the top-level object, or a dotted path into nested objects
+// ("meta.sent_at"). The rest is fingerprinted in a canonical form
+// (members sorted, no insignificant space, numbers as written), so that
+// two bodies that differ only in member order or spacing are one
+// payload. A body that is not JSON is answered 400. It replaces
+// WithFingerprint.
+func WithFingerprintIgnoring(names ...string) Option {
+	paths := make([][]string, 0, len(names))
+	for _, n := range names {
+		paths = append(paths, strings.Split(n, "."))
+	}
+	return WithFingerprint(func(_ *http.Request, body []byte) ([]byte, error) {
+		return canonicalJSON(body, paths)
+	})
+}
+
+// WithOnReplay adds fn to the functions called when the middleware
+// answers a request from a stored response (resp, which fn must not
+// change; resp.NotKept marks a "done, not kept" record), before the
+// answer is written: fn may set headers on w, count replays, log. The
+// request's context answers IsReplay with true. Each WithOnReplay adds a
+// function; they run in the order given.
+func WithOnReplay(fn func(w http.ResponseWriter, r *http.Request, resp *Response)) Option {
+	return func(c *config) {
+		if fn != nil {
+			c.onReplay = append(c.onReplay, fn)
+		}
+	}
+}
+
+// WithAnswerCache keeps the answers this middleware stored in memory, up
+// to maxBytes of them (bodies and headers, counted roughly), least
+// recently used first out, so that a retry is answered without a store
+// call. The store stays the record: an answer enters the cache only once
+// the store holds it (Complete, or the request's transaction committed),
+// leaves it when it expires or when the middleware's Sweep runs past its
+// expiry, and a request the cache cannot answer goes to the store, whose
+// answer is not cached (the store does not say when it expires). A stored
+// answer never changes before it expires, so replicas with caches of
+// their own agree. Zero or a negative maxBytes, the default, means no
+// cache.
+func WithAnswerCache(maxBytes int) Option {
+	return func(c *config) { c.cacheBytes = max(maxBytes, 0) }
 }

@@ -13,7 +13,8 @@ const (
 	// a key on a route that requires one, or a webhook without an event id.
 	ProblemMissingKey = "https://github.com/idemgo/idem/idemserver#missing-key"
 	// ProblemInvalidKey is the type of the 400 answer to a malformed key
-	// (see ParseKey) or to a request with more than one key header.
+	// (see ParseKey) or webhook event id, or to a request with more than
+	// one key header.
 	ProblemInvalidKey = "https://github.com/idemgo/idem/idemserver#invalid-key"
 	// ProblemInProgress is the type of the 409 answer while an earlier
 	// request with the same key is being handled; retry after Retry-After.
@@ -40,6 +41,13 @@ const (
 	// locked until its lease lapses, unless the request's transaction
 	// rolled back for certain (see TxStore): then it is released.
 	ProblemNotStored = "https://github.com/idemgo/idem/idemserver#response-not-stored"
+	// ProblemTxAborted is the type of the 500 answer when the handler
+	// answered with a status that would be stored as a success (below
+	// 400) while the request's transaction had been aborted by a failed
+	// statement (see ErrTxAborted): a bug in the handler, which dropped a
+	// database error. Nothing of the handler's is committed and the key
+	// is released.
+	ProblemTxAborted = "https://github.com/idemgo/idem/idemserver#transaction-aborted"
 	// ProblemNotKept is the type of the 409 answer to a retry of a
 	// request that was handled and answered, but whose answer could not
 	// be kept (too large, a hijacked connection, a stream cut off). The

@@ -13,21 +13,18 @@ import (
 // serve claims id and answers from the store or runs the route's handler.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, id, key, fp string) {
 	log := m.cfg.logger
-	claimed := time.Now() // the lease's local base, for fencing: before the claim is sent
-	now := m.now()
-	ctx, cancel := context.WithTimeout(r.Context(), m.cfg.timeout)
-	b := Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)}
-	local, _ := m.store.(LocalStore)
-	var (
-		claim Claim
-		err   error
-	)
-	if local != nil {
-		claim, err = local.BeginHeld(ctx, b)
-	} else {
-		claim, err = m.store.Begin(ctx, b)
+	if resp, match, ok := m.cache.get(id, fp, m.now()); ok {
+		if !match {
+			m.mismatch(w)
+			return
+		}
+		m.replay(w, r, resp)
+		return
 	}
-	cancel()
+	claim, claimed, err := m.begin(r.Context(), id, fp)
+	if err == nil && claim.State == StateInFlight && m.cfg.wait > 0 {
+		claim, claimed, err = m.await(r.Context(), id, fp, claim, claimed)
+	}
 	if err != nil {
 		log.Error("idemserver: store unavailable; request refused", "id", id, "err", err)
 		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Service unavailable",
@@ -36,15 +33,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 	}
 	switch claim.State {
 	case StateDone:
-		replay(w, claim.Response)
+		m.replay(w, r, claim.Response)
 		return
 	case StateInFlight:
 		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"A request with the same "+m.cfg.header+" is being processed; retry later.", m.cfg.retryAfter)
 		return
 	case StateMismatch:
-		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
-			"This key was used with a different payload; a key must not be reused across payloads.", 0)
+		m.mismatch(w)
 		return
 	case StateAcquired:
 	default:
@@ -53,9 +49,77 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 			"The idempotency store answered in a way the middleware does not know; the request was not handled.", m.cfg.retryAfter)
 		return
 	}
-	u := &run{m: m, id: id, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed, local: local}
+	local, _ := m.store.(LocalStore)
+	u := &run{m: m, id: id, fp: fp, token: claim.Token, webhook: h.rt.webhook != nil, claimed: claimed, local: local}
 	u.do(w, r, h.h, keyInfo{id: id, key: key, fp: fp})
 	m.maybeSweep()
+}
+
+// mismatch answers 422 for a key used with another payload.
+func (m *Middleware) mismatch(w http.ResponseWriter) {
+	writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyMismatch, m.cfg.header+" is already used",
+		"This key was used with a different payload; a key must not be reused across payloads.", 0)
+}
+
+// begin claims id in the store (held, if it is a LocalStore), bounded by
+// the store timeout, and returns the local time taken before the claim
+// was sent: the lease's base, for fencing.
+func (m *Middleware) begin(ctx context.Context, id, fp string) (Claim, time.Time, error) {
+	claimed := time.Now()
+	now := m.now()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
+	defer cancel()
+	b := Begin{ID: id, Fingerprint: fp, Now: now, LeaseUntil: now.Add(m.cfg.lease)}
+	if local, ok := m.store.(LocalStore); ok {
+		c, err := local.BeginHeld(ctx, b)
+		return c, claimed, err
+	}
+	c, err := m.store.Begin(ctx, b)
+	return c, claimed, err
+}
+
+// await claims id again at growing intervals while another request holds
+// it, for at most WithWait's duration and ctx's life; it returns the last
+// claim, in flight still if the wait ran out.
+func (m *Middleware) await(ctx context.Context, id, fp string, c Claim, claimed time.Time) (Claim, time.Time, error) {
+	const first = 10 * time.Millisecond
+	limit := min(max(m.cfg.wait/4, first), time.Second)
+	deadline := time.NewTimer(m.cfg.wait)
+	defer deadline.Stop()
+	for delay := first; c.State == StateInFlight; delay = min(2*delay, limit) {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return c, claimed, nil
+		case <-deadline.C:
+			t.Stop()
+			return c, claimed, nil
+		case <-t.C:
+		}
+		var err error
+		if c, claimed, err = m.begin(ctx, id, fp); err != nil {
+			return c, claimed, err
+		}
+	}
+	return c, claimed, nil
+}
+
+// replay answers r with the stored resp, after the WithOnReplay functions,
+// and marks r's context for IsReplay.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, resp *Response) {
+	if mark, ok := r.Context().Value(replayContext{}).(*replayMark); ok {
+		mark.replayed.Store(true)
+	}
+	if len(m.cfg.onReplay) > 0 {
+		ctx := TrackReplay(r.Context())
+		ctx.Value(replayContext{}).(*replayMark).replayed.Store(true)
+		r = r.WithContext(ctx)
+		for _, fn := range m.cfg.onReplay {
+			fn(w, r, resp)
+		}
+	}
+	writeReplay(w, resp)
 }
 
 // run is one request that holds a key: it owns the lease, the renewer, the
@@ -64,6 +128,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, h *handler, i
 type run struct {
 	m         *Middleware
 	id, token string
+	fp        string // the payload's fingerprint, for the answer cache
 	webhook   bool
 	claimed   time.Time  // local time before the claim was sent
 	local     LocalStore // the store, if it holds the key while the run lives
@@ -121,6 +186,10 @@ func (u *run) do(w http.ResponseWriter, r *http.Request, next http.Handler, ki k
 		return
 	}
 	if err := u.complete(r, resp, why); err != nil {
+		if errors.Is(err, ErrTxAborted) {
+			u.abortedTx(rec, resp.Status)
+			return
+		}
 		u.fail(rec, "The request was handled, but its answer could not be stored; it is withheld.")
 		return
 	}
@@ -133,7 +202,9 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	status := rec.status
 	switch {
 	case rec.hijacked:
-		return &Response{NotKept: true}, "connection hijacked"
+		return &Response{Status: status, NotKept: true}, "connection hijacked"
+	case status == http.StatusSwitchingProtocols:
+		return &Response{Status: status, NotKept: true}, "switched protocols"
 	case status >= 500:
 		return nil, "server error"
 	case status == http.StatusRequestTimeout || status == http.StatusTooEarly || status == http.StatusTooManyRequests:
@@ -147,7 +218,7 @@ func (u *run) outcome(rec *recorder) (*Response, string) {
 	case rec.failed:
 		return &Response{Status: status, NotKept: true}, "stream failed after its first flush"
 	}
-	return &Response{Status: status, Header: rec.sent, Body: rec.body.Bytes()}, ""
+	return &Response{Status: status, Header: rec.stored(), Body: rec.body.Bytes()}, ""
 }
 
 // storeContext returns a context for a store call made on behalf of r that
@@ -174,7 +245,12 @@ func (u *run) complete(r *http.Request, resp *Response, why string) error {
 		err = m.store.Complete(ctx, c)
 	}
 	if err != nil {
-		m.cfg.logger.Error("idemserver: response not stored", "id", u.id, "err", err)
+		if errors.Is(err, ErrTxAborted) {
+			m.cfg.logger.Error("idemserver: the handler answered success, but a statement of its transaction failed; nothing committed, answer withheld",
+				"id", u.id, "status", resp.Status, "err", err)
+		} else {
+			m.cfg.logger.Error("idemserver: response not stored", "id", u.id, "err", err)
+		}
 		if errors.Is(err, ErrRolledBack) {
 			u.release("request transaction rolled back")
 		}
@@ -183,6 +259,7 @@ func (u *run) complete(r *http.Request, resp *Response, why string) error {
 	if resp.NotKept {
 		m.cfg.logger.Warn("idemserver: request done, its response not kept", "id", u.id, "status", resp.Status, "reason", why)
 	}
+	m.cache.put(u.id, u.fp, resp, c.Until)
 	return nil
 }
 
@@ -192,11 +269,20 @@ func (u *run) fail(rec *recorder, detail string) {
 	if rec.through {
 		panic(http.ErrAbortHandler) // the client must not take a cut stream for a whole answer
 	}
-	h := rec.w.Header()
-	for k := range h {
-		delete(h, k)
-	}
+	clear(rec.w.Header())
 	writeProblem(rec.w, http.StatusServiceUnavailable, ProblemNotStored, "Response not stored", detail, u.m.cfg.retryAfter)
+}
+
+// abortedTx answers 500 ProblemTxAborted for a handler that answered
+// status over a transaction a failed statement had aborted, or aborts the
+// connection if the answer already began.
+func (u *run) abortedTx(rec *recorder, status int) {
+	if rec.through {
+		panic(http.ErrAbortHandler)
+	}
+	clear(rec.w.Header())
+	writeProblem(rec.w, http.StatusInternalServerError, ProblemTxAborted, "Request transaction aborted",
+		"The handler answered "+strconv.Itoa(status)+", but a statement in its transaction had failed, so nothing of it was committed; the answer is withheld.", 0)
 }
 
 // rollback discards the request's transaction, if there is one.
@@ -324,6 +410,7 @@ func (r *renewer) stop() {
 func (m *Middleware) Sweep(ctx context.Context) (int, error) {
 	now := m.now()
 	m.lastSweep.Store(now.UnixNano())
+	m.cache.sweep(now)
 	return m.store.Sweep(ctx, now)
 }
 
@@ -356,9 +443,9 @@ func (m *Middleware) maybeSweep() {
 	}()
 }
 
-// replay sends a stored response, or for a record whose response was not
-// kept, a ProblemNotKept document.
-func replay(w http.ResponseWriter, resp *Response) {
+// writeReplay sends a stored response, or for a record whose response was
+// not kept, a ProblemNotKept document.
+func writeReplay(w http.ResponseWriter, resp *Response) {
 	if resp.NotKept {
 		detail := "A request with this key was handled and answered, but its answer could not be kept; it is not run again."
 		if resp.Status != 0 {

@@ -169,14 +169,19 @@ type Claim struct {
 type Response struct {
 	// Status is the HTTP status code.
 	Status int
-	// Header holds the replayed headers only (see WithReplayHeaders).
+	// Header holds the replayed headers only (see WithReplayHeaders), as
+	// they stood when the status was written, and the trailers sent after
+	// the body under their http.TrailerPrefix names ("Trailer:X-Checksum"),
+	// with the Trailer header that declared them: a replay sets them as
+	// net/http's ResponseWriter takes trailers, so they go out as
+	// trailers again.
 	Header http.Header
 	// Body is the whole response body.
 	Body []byte
 	// NotKept marks the record of a request whose handler ran and whose
 	// answer went to the client but could not be kept: a body over
-	// WithMaxResponseBytes, a hijacked connection, a stream cut off after
-	// its first flush. Status is the status sent (0 if unknown); Header
+	// WithMaxResponseBytes, a hijacked connection, a 101 Switching
+	// Protocols, a stream cut off after its first flush. Status is the status sent (0 if unknown); Header
 	// and Body are empty. A retry is answered with a ProblemNotKept
 	// document, never by running the handler again.
 	NotKept bool
@@ -204,4 +209,13 @@ var (
 	// constraint, a serialization failure) or the transaction failed
 	// earlier. The handler's writes and the answer are both gone.
 	ErrRolledBack = errors.New("idemserver: request transaction rolled back")
+	// ErrTxAborted is returned by RequestTx.Commit, with ErrRolledBack,
+	// when a statement of the handler failed, aborting the request's
+	// transaction, and the handler answered with a status below 400
+	// anyway: its writes cannot commit, so the answer would claim work
+	// that was not done. The middleware answers 500 ProblemTxAborted and
+	// releases the key. (A 4xx answer over an aborted transaction is the
+	// common "catch the unique violation, answer 409" and is stored: see
+	// pgstore.Tx.)
+	ErrTxAborted = errors.New("idemserver: the handler answered success over an aborted transaction")
 )

@@ -104,18 +104,23 @@ func advise(op *Op, credentials bool) {
 		op.Do = "re-drive it from the application with its name or key (idem.WithOperation / idem.WithKey); Resume cannot send it"
 	case op.NeedsCredentials:
 		op.Why = "in doubt after " + outcome(op.LastStatus, op.LastError) + "; it was journaled without its credentials"
-		op.Do = "resume it from the application, whose WithResumePrepare hook adds credentials; `idem resume` cannot"
+		op.Do = "resend it with its credentials: give the application a WithResumePrepare hook that adds them, or run `idem resume --header-file FILE` " + whileStopped + "; or re-drive it by name"
 	case op.Attempts == 0 && op.LastStatus == 0 && op.LastError == "":
 		op.Why = "in doubt: the process ended before the outcome of its request was known"
-		op.Do = "Resume (the application's, or `idem resume`) sends it again with its key, or re-drive it by name"
+		op.Do = "Resume sends it again with its key: the application's, or `idem resume` " + whileStopped + "; or re-drive it by name"
 	default:
 		op.Why = "in doubt after " + outcome(op.LastStatus, op.LastError)
-		op.Do = "Resume (the application's, or `idem resume`) sends it again with its key, or re-drive it by name"
+		op.Do = "Resume sends it again with its key: the application's, or `idem resume` " + whileStopped + "; or re-drive it by name"
 		if op.Redacted {
-			op.Do = "Resume in the application sends it again with its key and credentials (`idem resume` cannot), or re-drive it by name"
+			op.Do = "Resume in the application sends it again with its key and credentials, and so does `idem resume --header-file FILE` given them " + whileStopped + "; or re-drive it by name"
 		}
 	}
 }
+
+// whileStopped says when the idem command may resume a journal: it
+// cannot open a bbolt file an application holds, and on PostgreSQL it
+// takes only operations no running replica holds.
+const whileStopped = "(a bbolt journal once the application is stopped; a PostgreSQL one beside it)"
 
 // outcome says in words what an operation's last attempt got.
 func outcome(status int, errText string) string {

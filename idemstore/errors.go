@@ -39,7 +39,20 @@ var (
 	// PolicyStore): for example a resend window longer than the journal's
 	// retention keeps names. Nothing is sent.
 	ErrPolicyConflict = errors.New("idem: policy conflicts with the journal's")
-	// ErrInvalidKey is returned for an empty key or one longer than 255 bytes.
+	// ErrInvalidKey is returned, before anything is journaled or sent,
+	// for a key or operation name the journal refuses:
+	//   - a key that is not 1 to 255 bytes of visible ASCII (CheckKey),
+	//     from WithKey, a request's key header, or a store's own check;
+	//   - a key the Client's Provider does not accept (longer than its
+	//     KeyMaxLen, or with a byte outside its KeyChars), or a Provider
+	//     whose key format no UUIDv7 form fits, so no key can be made;
+	//   - a key header that holds two different keys;
+	//   - an operation name (WithOperation) that is not 1 to 1024 bytes of
+	//     valid UTF-8 without NUL bytes;
+	//   - a key a store's format cannot hold (the bbolt journal: an empty
+	//     key or one ending in a NUL byte, which CheckKey refuses first);
+	//   - a key that could not be generated (the system's random source
+	//     failed).
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 	// ErrInProgress is returned when the operation is in flight elsewhere:
 	// another call or Resume in this process, or another process holding

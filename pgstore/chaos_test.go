@@ -38,7 +38,7 @@ import (
 // Between each replica and PostgreSQL sits a proxy of the test's own that
 // stalls, cuts, refuses and swallows the answer to a reservation after
 // PostgreSQL committed it (-fleet.dbfaults), and two of the three replicas
-// pass times 30 s ahead and 30 s behind (pgstore.WithSkew): leases are
+// pass times 30 s ahead and 30 s behind (skewedStore): leases are
 // judged by the database's clock. The final replica has a clean path.
 //
 // The default is small enough for CI. The long variant:
@@ -106,7 +106,7 @@ func fleetChild() int {
 	skew, _ := time.ParseDuration(os.Getenv(envFleetSkew))
 	var store *pgstore.Store
 	for try := 0; ; try++ { // the path to PostgreSQL may be faulty
-		store, err = pgstore.Open(ctx, os.Getenv(envFleetDSN), pgstore.WithSchema(os.Getenv(envFleetSchema)), pgstore.WithSkew(skew))
+		store, err = pgstore.Open(ctx, os.Getenv(envFleetDSN), pgstore.WithSchema(os.Getenv(envFleetSchema)))
 		if err == nil {
 			break
 		}
@@ -116,6 +116,9 @@ func fleetChild() int {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var journal idem.KeyStore = store
+	if skew != 0 {
+		journal = &skewedStore{Store: store, d: skew}
+	}
 	local := os.Getenv(envFleetLocal) == "1"
 	if local {
 		defer store.Close()

@@ -220,12 +220,6 @@ func (s *Store) Reserve(ctx context.Context, op idemstore.Operation) (idemstore.
 		return idemstore.Operation{}, false, fmt.Errorf("pgstore: reserve %s: history: %w", op.Key, err)
 	}
 	id := s.reserveIDs.Add(1)
-	if s.skew != 0 {
-		op.Created, op.Updated = op.Created.Add(s.skew), op.Updated.Add(s.skew)
-		if !op.LeaseUntil.IsZero() {
-			op.LeaseUntil = op.LeaseUntil.Add(s.skew)
-		}
-	}
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
 		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader,

@@ -29,7 +29,6 @@ func (s *Store) Acquire(ctx context.Context, key string, l idemstore.Lease, req 
 	if err != nil {
 		return idemstore.Operation{}, fmt.Errorf("pgstore: acquire %s: header: %w", key, err)
 	}
-	l = s.skewed(l)
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return idemstore.Operation{}, dbError("acquire", key, err)
@@ -85,7 +84,6 @@ func (s *Store) Renew(ctx context.Context, key string, l idemstore.Lease) error 
 	if err := s.ready(ctx); err != nil {
 		return err
 	}
-	l = s.skewed(l)
 	tag, err := s.pool.Exec(ctx, s.q.renew, key, l.Owner, nanos(l.Until), s.incarnation, nanos(l.At))
 	if err != nil {
 		return dbError("renew", key, err)
@@ -108,7 +106,6 @@ func (s *Store) Claim(ctx context.Context, l idemstore.Lease, after string, limi
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
-	l = s.skewed(l)
 	if after == "" {
 		s.reportNewer(ctx)
 	}
@@ -116,15 +113,6 @@ func (s *Store) Claim(ctx context.Context, l idemstore.Lease, after string, limi
 	// UPDATE ... RETURNING returns rows in no particular order.
 	slices.SortFunc(ops, func(a, b idemstore.Operation) int { return strings.Compare(a.Key, b.Key) })
 	return ops, err
-}
-
-// skewed returns l moved by the store's test skew (see export_test.go):
-// the times a Client whose clock is that far off would pass.
-func (s *Store) skewed(l idemstore.Lease) idemstore.Lease {
-	if s.skew != 0 {
-		l.At, l.Until = l.At.Add(s.skew), l.Until.Add(s.skew)
-	}
-	return l
 }
 
 // reportNewer logs, once per change of their number, the pending rows of

@@ -26,11 +26,12 @@ import (
 // first, a zombie, still runs): it takes none of the first one's live
 // leases, by Claim or Acquire, and takes them once they lapsed.
 func TestSameOwnerNameWaitsForLease(t *testing.T) {
-	first := openStore(t, pgstore.WithCallerLeaseTimes()) // the test moves time
+	// The test moves time: the database's clock is the leases' At.
+	first := openClocked(t, pgtest.Schema(t, pgtest.DSN(t)))
 	ctx := testContext(t)
-	second, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(first.Schema()), pgstore.WithCallerLeaseTimes())
-	require.NoError(t, err)
+	second := openClocked(t, first.Schema())
 	defer second.Close()
+	var err error
 	now := time.Now()
 	op := storetest.NewOperation("k1")
 	op.Created, op.Updated, op.Owner, op.LeaseUntil = now, now, "bff-1", now.Add(time.Minute)
@@ -89,17 +90,17 @@ func TestSkippedClaimReleased(t *testing.T) {
 
 // TestLeasesByDatabaseClock runs replicas whose times are 30 s off (as a
 // Client's would be with its clock off and its offset to the database's
-// clock wrong, WithSkew): one 30 s ahead takes no live lease, renewed or
+// clock wrong, skewedStore): one 30 s ahead takes no live lease, renewed or
 // not; one 30 s behind takes a dead replica's operation as soon as its
 // lease lapsed. Leases are judged by the database's clock.
 func TestLeasesByDatabaseClock(t *testing.T) {
 	a := openStore(t)
 	ctx := testContext(t)
-	open := func(skew time.Duration) *pgstore.Store {
-		s, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(a.Schema()), pgstore.WithSkew(skew))
+	open := func(skew time.Duration) *skewedStore {
+		s, err := pgstore.Open(ctx, pgtest.DSN(t), pgstore.WithSchema(a.Schema()))
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
-		return s
+		return &skewedStore{Store: s, d: skew}
 	}
 	ahead, behind := open(30*time.Second), open(-30*time.Second)
 	now := time.Now()

@@ -28,19 +28,12 @@ type queries struct {
 // dbNow is the database's clock in Unix nanoseconds (to the microsecond).
 const dbNow = `((extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000)`
 
-// newQueries returns the store's SQL for schema. With dbClock, leases
-// are judged by the database's clock: a lease change is "now" when the
-// statement runs, whatever time its caller passed, and a lease lasts
-// Until − At from then; without it, by the times the caller passes (for
-// tests with synthetic times).
-func newQueries(schema string, dbClock bool) queries {
-	// now returns the "now" of a statement whose caller's At is at.
-	now := func(at string) string {
-		if dbClock {
-			return dbNow
-		}
-		return at
-	}
+// newQueries returns the store's SQL for schema. Leases are judged by the
+// database's clock: a lease change is "now" when the statement runs,
+// whatever time its caller passed, and a lease lasts Until − At from then.
+// (The tests that need synthetic times set the database's clock instead:
+// clockedStore, in doubles_test.go.)
+func newQueries(schema string) queries {
 	ops := pgx.Identifier{schema, "operations"}.Sanitize()
 	cols := strings.Join(columns, ", ")
 	prefixed := "o." + strings.Join(columns, ", o.")
@@ -60,7 +53,7 @@ func newQueries(schema string, dbClock bool) queries {
 		params[i] = "$" + strconv.Itoa(i+1)
 		if c == "lease_until" { // as long from now as from the record's Updated ($13), when it has one
 			params[i] = "CASE WHEN " + params[i] + "::bigint = 0 OR $13::bigint = 0 THEN " + params[i] + "::bigint ELSE " +
-				now("$13::bigint") + " + (" + params[i] + "::bigint - $13::bigint) END"
+				dbNow + " + (" + params[i] + "::bigint - $13::bigint) END"
 		}
 	}
 	// $1 is the key and $2 the name (NULL when unnamed), as in columns.
@@ -70,7 +63,7 @@ func newQueries(schema string, dbClock bool) queries {
 	// hundred milliseconds. Only a crash of the server itself in that window
 	// loses the mark (see the package documentation).
 	async := `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))`
-	r := strings.NewReplacer("{now3}", now("$3::bigint"), "{now5}", now("$5::bigint"), "{now7}", now("$7::bigint"), "{async}", async, "{maxHistory}", strconv.Itoa(idemstore.MaxHistory), "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
+	r := strings.NewReplacer("{now3}", dbNow, "{now5}", dbNow, "{now7}", dbNow, "{async}", async, "{maxHistory}", strconv.Itoa(idemstore.MaxHistory), "{ops}", ops, "{policy}", pgx.Identifier{schema, "policy"}.Sanitize(), "{cols}", cols, "{o.cols}", prefixed,
 		"{returned}", strings.Join(returned, ", "), "{params}", strings.Join(params, ", "))
 	return queries{
 		// Reserve: insert, or return the row that has the name (first) or

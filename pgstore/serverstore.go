@@ -94,13 +94,9 @@ var _ idemserver.TxStore = (*ServerStore)(nil)
 // connection pool. An unreachable database gives an error matching
 // idemstore.ErrJournalWrite.
 func OpenServerStore(ctx context.Context, dsn string, opts ...Option) (*ServerStore, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, err := connect(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+		return nil, err
 	}
 	s, err := NewServerStore(ctx, pool, opts...)
 	if err != nil {
@@ -115,12 +111,9 @@ func OpenServerStore(ctx context.Context, dsn string, opts ...Option) (*ServerSt
 // or migrating its schema. Close leaves the pool open: it belongs to the
 // caller, who may share it with a client Store.
 func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*ServerStore, error) {
-	c := config{schema: DefaultSchema}
-	for _, o := range opts {
-		o(&c)
-	}
-	if c.schema == "" {
-		return nil, errors.New("pgstore: empty schema name")
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err

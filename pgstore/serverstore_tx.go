@@ -41,6 +41,23 @@ import (
 // The handler must not Commit or Rollback the transaction itself: the
 // middleware does (a Commit by the handler is refused).
 //
+// A failed statement aborts a PostgreSQL transaction: every later
+// statement in it fails until it rolls back. So that a handler may catch
+// such an error (a unique violation) and answer it, the transaction takes
+// a savepoint before the handler's first statement:
+//
+//   - a handler that answers 4xx over an aborted transaction (409 "name
+//     taken") has its work rolled back to the savepoint, and its answer
+//     is stored in the transaction and replayed to retries;
+//   - a handler that answers below 400 over an aborted transaction
+//     dropped an error: nothing commits, the key is released and the
+//     client gets 500 ProblemTxAborted (idemserver.ErrTxAborted), not the
+//     success the handler claimed;
+//   - a handler that must keep some writes past a failed statement
+//     wraps the statement that may fail in a savepoint of its own
+//     (tx.Begin, then the nested transaction's Rollback), which leaves
+//     the request's transaction usable.
+//
 // Cost: the transaction holds a pooled connection from its first
 // statement until the answer is committed, besides the connection the
 // middleware uses to renew the lease, and holds the locks its statements
@@ -99,9 +116,20 @@ func (rt *requestTx) get(ctx context.Context) pgx.Tx {
 		rt.err = rt.s.fail(ctx, "begin request transaction "+rt.id, err)
 		return failedTx{rt.err}
 	}
+	// The savepoint lets Commit store a 4xx answer after a failed
+	// statement of the handler's aborted the transaction.
+	if _, err := tx.Exec(ctx, "SAVEPOINT "+handlerSavepoint); err != nil {
+		_ = tx.Rollback(ctx)
+		rt.err = rt.s.fail(ctx, "begin request transaction "+rt.id, err)
+		return failedTx{rt.err}
+	}
 	rt.tx = tx
 	return handlerTx{tx}
 }
+
+// handlerSavepoint is the savepoint taken at the start of a request's
+// transaction, before the handler's first statement.
+const handlerSavepoint = "idem_request"
 
 // Commit implements idemserver.RequestTx.
 func (rt *requestTx) Commit(ctx context.Context, c idemserver.Completion) error {
@@ -115,6 +143,23 @@ func (rt *requestTx) Commit(ctx context.Context, c idemserver.Completion) error 
 		return rt.s.Complete(ctx, c)
 	}
 	tx := rt.tx
+	if tx.Conn().PgConn().TxStatus() == 'E' { // a failed statement aborted the transaction
+		if c.Response == nil || c.Response.Status < 400 {
+			_ = tx.Rollback(ctx)
+			status := 0
+			if c.Response != nil {
+				status = c.Response.Status
+			}
+			return fmt.Errorf("pgstore: complete %s: a statement of the handler failed and it answered %d: %w: %w",
+				c.ID, status, idemserver.ErrTxAborted, idemserver.ErrRolledBack)
+		}
+		// The handler caught the error and answered 4xx: its work goes,
+		// the answer stays.
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+handlerSavepoint); err != nil {
+			_ = tx.Rollback(ctx)
+			return fmt.Errorf("pgstore: complete %s: %w: %w", c.ID, idemserver.ErrRolledBack, err)
+		}
+	}
 	args, err := rt.s.completeArgs(c)
 	if err != nil {
 		_ = tx.Rollback(ctx)

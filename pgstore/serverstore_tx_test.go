@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -222,4 +223,66 @@ func TestServerStoreNotKept(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &doc))
 	assert.Equal(t, idemserver.ProblemNotKept, doc.Type)
 	assert.Equal(t, http.StatusAccepted, doc.OriginalStatus)
+}
+
+// TestTxCaughtStatementError: a handler whose INSERT hits a unique index
+// catches the error and answers 409; PostgreSQL aborted the transaction,
+// so the answer is stored after a rollback to the savepoint taken before
+// the handler ran, and a retry is a replay, not a second run. A handler
+// that answers 2xx over an aborted transaction gets a 500 problem saying
+// so, and nothing of it commits.
+func TestTxCaughtStatementError(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s := openServerStore(t, dsn, pgtest.Schema(t, dsn))
+	table := pgx.Identifier{s.Schema(), "names"}.Sanitize()
+	_, err := s.Pool().Exec(testContext(t), `CREATE TABLE `+table+` (name text PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = s.Pool().Exec(testContext(t), `INSERT INTO `+table+` (name) VALUES ('taken')`)
+	require.NoError(t, err)
+
+	t.Run("4xx stored", func(t *testing.T) {
+		runs := 0
+		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			tx := pgstore.Tx(r.Context())
+			_, err := tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('other')`)
+			require.NoError(t, err)
+			_, err = tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('taken')`)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusConflict)
+				w.Write([]byte(`{"error":"name taken"}`))
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		for i := range 3 {
+			w := postKey(t, h, "name-1", "x")
+			assert.Equal(t, http.StatusConflict, w.Code, "try %d: %s", i, w.Body.String())
+			assert.Equal(t, `{"error":"name taken"}`, w.Body.String(), "try %d", i)
+			assert.Equal(t, i > 0, w.Header().Get(idemserver.ReplayedHeader) == "true", "try %d", i)
+		}
+		assert.Equal(t, 1, runs, "the handler ran once")
+		var n int
+		require.NoError(t, s.Pool().QueryRow(testContext(t), `SELECT count(*) FROM `+table+` WHERE name = 'other'`).Scan(&n))
+		assert.Zero(t, n, "the handler's work before the failed statement rolled back")
+	})
+
+	t.Run("2xx refused", func(t *testing.T) {
+		runs := 0
+		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			tx := pgstore.Tx(r.Context())
+			_, _ = tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('taken')`) // the bug: the error is dropped
+			w.WriteHeader(http.StatusCreated)
+		}))
+		w := postKey(t, h, "name-2", "x")
+		assert.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+		var doc struct{ Type, Detail string }
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &doc))
+		assert.Equal(t, idemserver.ProblemTxAborted, doc.Type)
+		assert.Contains(t, doc.Detail, "201")
+		assert.Equal(t, 1, runs)
+	})
 }

@@ -130,16 +130,16 @@ const DefaultSchema = "idem"
 type Option func(*config)
 
 type config struct {
-	schema      string
-	log         *slog.Logger
-	callerTimes bool                     // leases judged by the caller's times (tests)
-	skew        time.Duration            // added to the caller's times (tests)
-	events      map[string]time.Duration // WithEventRetention, by scope
+	schema string
+	log    *slog.Logger
+	events map[string]time.Duration // WithEventRetention, by scope
 }
 
 // WithLogger sets the logger of what the store deals with on its own: a
 // mark PostgreSQL refused, repaired or dropped. Nil, the default, logs
-// nothing.
+// nothing. It applies to a Store only: a ServerStore has nothing to log
+// on its own (every failure is returned to the middleware, which reports
+// it), and ignores it.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.log = l }
 }
@@ -162,7 +162,6 @@ type Store struct {
 	// migrations/0003), and reserveIDs numbers its reservations.
 	incarnation string
 	reserveIDs  atomic.Int64
-	skew        time.Duration
 	newer       atomic.Int64 // newer-format pending rows last reported
 	log         *slog.Logger
 	marks       *markWriter
@@ -179,13 +178,9 @@ type Store struct {
 // string, as pgxpool.ParseConfig takes), creates or migrates the store's
 // schema, and returns the Store. Close closes the connection pool.
 func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, err := connect(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+		return nil, err
 	}
 	s, err := New(ctx, pool, opts...)
 	if err != nil {
@@ -199,12 +194,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 // New returns a Store on an existing pool, after creating or migrating its
 // schema. Close leaves the pool open: it belongs to the caller.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
-	c := config{schema: DefaultSchema}
-	for _, o := range opts {
-		o(&c)
-	}
-	if c.schema == "" {
-		return nil, errors.New("pgstore: empty schema name")
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
 	}
 	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
@@ -212,12 +204,39 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	q := newQueries(c.schema, !c.callerTimes)
+	q := newQueries(c.schema)
 	base, cancel := context.WithCancel(context.Background())
-	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(), skew: c.skew,
+	s := &Store{pool: pool, schema: c.schema, q: q, log: c.log, base: base, cancel: cancel, incarnation: uuid.NewString(),
 		marks: newMarkWriter(pool, base, c.log, q.present)}
 	s.reserver = newReserver(s)
 	return s, nil
+}
+
+// connect makes the pool of Open and OpenServerStore: dsn is a
+// PostgreSQL URL or key=value string, as pgxpool.ParseConfig takes; an
+// unreachable database gives an error matching idemstore.ErrJournalWrite.
+func connect(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+	}
+	return pool, nil
+}
+
+// configure applies the options of New and NewServerStore.
+func configure(opts []Option) (config, error) {
+	c := config{schema: DefaultSchema}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.schema == "" {
+		return config{}, errors.New("pgstore: empty schema name")
+	}
+	return c, nil
 }
 
 // closeTimeout bounds Close.

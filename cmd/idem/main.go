@@ -128,6 +128,9 @@ type cli struct {
 	hasPolicy bool
 	// schema is the PostgreSQL schema of a shared journal.
 	schema string
+	// cmd is the command being run, once known: usage errors point to
+	// its help.
+	cmd string
 }
 
 // command is one subcommand: its flags are set up by flags, its arguments
@@ -209,16 +212,21 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			return exitOK
 		}
 		name, rest = rest[0], []string{"--help"}
+		if name == "check" {
+			return checkCmd(ctx, rest, stdout, stderr)
+		}
 	}
 	cmd, ok := commands[name]
 	if !ok {
 		return c.usage(fmt.Sprintf("unknown command %q", name))
 	}
+	c.cmd = name
 	sub := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	sub.SetOutput(io.Discard)
 	sub.BoolVar(&c.json, "json", c.json, "print JSON")
 	do := cmd.flags(sub)
-	if err := sub.Parse(rest); err != nil {
+	args, err := parseInterspersed(sub, rest)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, "usage: idem [--journal PATH|URL] %s [flags] %s\n", name, cmd.args)
 			printFlags(stdout, sub)
@@ -229,13 +237,13 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if msg := negativeFlag(sub); msg != "" {
 		return c.usage(name + ": " + msg)
 	}
-	if sub.NArg() != cmd.nargs {
-		return c.usage(fmt.Sprintf("%s takes %d argument(s) (%s), got %d", name, cmd.nargs, cmd.args, sub.NArg()))
+	if len(args) != cmd.nargs {
+		return c.usage(fmt.Sprintf("%s takes %d argument(s) (%s), got %d", name, cmd.nargs, cmd.args, len(args)))
 	}
 	if c.journal == "" {
 		return c.usage("no journal: use --journal PATH (or postgres://...) or set " + envJournal)
 	}
-	if err := do(c, sub.Args()); err != nil {
+	if err := do(c, args); err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
 			return c.usage(string(ue))
@@ -274,9 +282,36 @@ func negativeFlag(fs *flag.FlagSet) (msg string) {
 	return msg
 }
 
+// usage prints msg and where the help is, in one line, and returns the
+// exit status of a usage error.
 func (c *cli) usage(msg string) int {
-	fmt.Fprintf(c.err, "idem: %s\n\n%s", msg, usageText)
+	see := "idem help"
+	if c.cmd != "" {
+		see += " " + c.cmd
+	}
+	fmt.Fprintf(c.err, "idem: %s (see %s)\n", msg, see)
 	return exitUsage
+}
+
+// parseInterspersed parses a command's flags wherever they stand among
+// its arguments ("show KEY --body" as "show --body KEY"; "--" ends the
+// flags) and returns the arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var out []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return out, nil
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			return append(out, rest...), nil
+		}
+		out = append(out, rest[0])
+		args = rest[1:]
+	}
 }
 
 // errDamaged is returned by verify when it found damage, after printing

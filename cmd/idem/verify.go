@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -105,7 +106,7 @@ func (c *cli) checkPages(size int64, problem func(string, ...any)) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
-			problem("bbolt failed reading the file: %v", p)
+			problem("bbolt stopped reading the file at a damaged page (%v)", p)
 		}
 	}()
 	db, err := bolt.Open(c.journal, 0o600, &bolt.Options{ReadOnly: true, Timeout: c.lockTimeout})
@@ -125,6 +126,12 @@ func (c *cli) checkPages(size int64, problem func(string, ...any)) (err error) {
 			return nil
 		}
 		for err := range tx.Check() {
+			// bbolt hands back a panic of its check as an error
+			// "panic: ...": say what it means.
+			if msg, ok := strings.CutPrefix(err.Error(), "panic: "); ok {
+				problem("page check stopped at a damaged page (%s)", msg)
+				continue
+			}
 			problem("page check: %v", err)
 		}
 		return nil
