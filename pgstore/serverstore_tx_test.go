@@ -242,7 +242,7 @@ func TestTxCaughtStatementError(t *testing.T) {
 
 	t.Run("4xx stored", func(t *testing.T) {
 		runs := 0
-		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			tx := pgstore.Tx(r.Context())
 			_, err := tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('other')`)
@@ -271,7 +271,7 @@ func TestTxCaughtStatementError(t *testing.T) {
 
 	t.Run("2xx refused", func(t *testing.T) {
 		runs := 0
-		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			tx := pgstore.Tx(r.Context())
 			_, _ = tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('taken')`) // the bug: the error is dropped
