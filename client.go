@@ -93,7 +93,7 @@ func newClient(store KeyStore, cfg config) *Client {
 		retention: cfg.retention, log: cfg.logger,
 		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
-	j.keyHeader = cfg.header
+	j.keyHeader, j.headerNamed = cfg.header, cfg.headerSet
 	t := &Transport{cfg: cfg, j: j}
 	j.newKey = t.cfg.newKey
 	c := &Client{t: t, resuming: make(chan struct{}, 1)}

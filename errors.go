@@ -33,6 +33,18 @@ var (
 	// ContentLength, a GetBody that returns no body). Nothing is journaled
 	// or sent.
 	ErrInvalidRequest = errors.New("idem: invalid request")
+	// ErrBodyChanged is returned when a body too large to journal
+	// (WithUnjournaledLargeBodies) streamed to the server with other
+	// bytes than the ones fingerprinted: the request's GetBody did not
+	// return the same bytes each time. The attempt's stream is cut before
+	// its last bytes and nothing is sent after it; the operation stays in
+	// doubt, since an earlier attempt may have been performed.
+	ErrBodyChanged = errors.New("idem: GetBody returned other bytes than those fingerprinted under the key")
+	// ErrNotKeyed is returned, matching ErrInvalidRequest too, for a
+	// request whose context asks for a key (WithKey, WithOperation) with
+	// a method the Client does not key (WithKeyedMethods, Provider.Methods):
+	// it would go out without its key and unjournaled. Nothing is sent.
+	ErrNotKeyed = errors.New("idem: method is not keyed")
 	// ErrAttemptsExhausted is returned when the last allowed attempt ended
 	// without a response. The operation stays pending: its outcome is unknown.
 	ErrAttemptsExhausted = errors.New("idem: attempts exhausted without a response")

@@ -23,6 +23,7 @@ type config struct {
 	base          http.RoundTripper
 	policy        RetryPolicy
 	header        string
+	headerSet     bool // header was named (WithKeyHeader, WithProvider), not left at DefaultHeader
 	keyed         map[string]bool
 	secret        map[string]bool
 	secretQuery   map[string]bool
@@ -205,6 +206,7 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
+			c.headerSet = true
 		}
 	}
 }
@@ -236,7 +238,11 @@ func WithMaxBodyBytes(n int64) Option {
 // name and fingerprint are journaled as for any request, so a name keeps
 // its key and a key never carries two payloads, but the body is not, so
 // Resume cannot send it again after a crash (it reports it instead). A
-// request without GetBody still fails with ErrBodyTooLarge.
+// request without GetBody still fails with ErrBodyTooLarge. GetBody must
+// return the same bytes every time: every attempt's body is hashed as it
+// streams, and one whose bytes differ from the fingerprinted ones is cut
+// before its last bytes and stops the call with ErrBodyChanged (the
+// operation stays in doubt); no attempt follows it.
 func WithUnjournaledLargeBodies() Option { return func(c *config) { c.sendLarge = true } }
 
 // WithResendWindow sets how long after its creation an operation may still

@@ -123,6 +123,18 @@ func outgoingHeader(h http.Header, name string, value []string) http.Header {
 	return out
 }
 
+// withoutHeader returns a copy of h without the header name, in any
+// spelling.
+func withoutHeader(h http.Header, name string) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if !strings.EqualFold(k, name) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // readBody reads a request body of at most limit bytes and closes it. If
 // the body is larger, it returns the bytes read so far and the unread rest
 // (still open).

@@ -139,7 +139,7 @@ func TestCollectorCountsResumeAndExpiry(t *testing.T) {
 	require.NoError(t, err)
 	// A recent one that Resume sends again.
 	_, _, err = store.Reserve(context.Background(), idem.Operation{
-		Key: "0190a0b0-0000-7000-8000-000000000002", Name: "recent", Method: http.MethodPost, URL: srv.URL + "/ok",
+		Key: "0190a0b0-0000-7000-8000-000000000002", KeyHeader: idem.DefaultHeader, Name: "recent", Method: http.MethodPost, URL: srv.URL + "/ok",
 		State: idem.StatePending, Created: time.Now(), Updated: time.Now(), Body: []byte(`{}`),
 	})
 	require.NoError(t, err)

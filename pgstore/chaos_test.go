@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -8,8 +9,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,12 +45,24 @@ import (
 // pass times 30 s ahead and 30 s behind (skewedStore): leases are
 // judged by the database's clock. The final replica has a clean path.
 //
+// Replicas are also paused (-fleet.pauses): SIGSTOPped for longer than
+// their lease (1.2 to 2.5 s of a 1 s lease: a GC pause, a VM migration, a
+// throttled cgroup) and SIGCONTed, beside the kills and the proxy's
+// faults, so that a paused replica's operations are taken over while it
+// sleeps and it wakes up to fenced marks and lost leases. Every call has a
+// deadline (-fleet.deadline); each replica reports the calls that
+// returned after theirs, and none that overlapped no pause of its own
+// process (a process that is stopped returns nothing on time) may return
+// later than its deadline plus the documented grace of 1 s.
+//
 // The default is small enough for CI. The long variant:
 //
-//	go test -run '^TestFleetChaos$' -v -fleet.ops=5000 -fleet.kills=30 -timeout=30m .
+//	go test -run '^TestFleetChaos$' -v -fleet.ops=8000 -fleet.kills=45 -timeout=40m .
 var (
-	fleetFlags = chaoskit.NewFlags("fleet", "fleet chaos test", 90, 6, 4)
-	fleetDB    = flag.Bool("fleet.dbfaults", true, "fleet chaos test: faults between the replicas and PostgreSQL, and skewed replicas")
+	fleetFlags    = chaoskit.NewFlags("fleet", "fleet chaos test", 90, 6, 4)
+	fleetDB       = flag.Bool("fleet.dbfaults", true, "fleet chaos test: faults between the replicas and PostgreSQL, and skewed replicas")
+	fleetPauses   = flag.Bool("fleet.pauses", true, "fleet chaos test: replicas SIGSTOPped for longer than their lease, then SIGCONTed")
+	fleetDeadline = flag.Duration("fleet.deadline", 3*time.Second, "fleet chaos test: the deadline of each call a replica makes")
 )
 
 // Environment of a fleet child, beside chaoskit.Env.
@@ -58,6 +74,8 @@ const (
 	envFleetLifetime = "IDEM_FLEET_LIFETIME" // a time.Duration: the child exits on its own after it
 	envFleetLocal    = "IDEM_FLEET_LOCAL"    // "1": a broken fleet, each replica with a journal of its own in memory
 	envFleetSkew     = "IDEM_FLEET_SKEW"     // a time.Duration: the replica's times are that far off
+	envFleetDeadline = "IDEM_FLEET_DEADLINE" // a time.Duration: each call's deadline
+	envFleetPausable = "IDEM_FLEET_PAUSABLE" // "1": the test may SIGSTOP this replica
 	// fleetLease is the replicas' lease: a killed replica's operations wait
 	// that long before another replica may send them.
 	fleetLease    = time.Second
@@ -166,11 +184,15 @@ func fleetChild() int {
 			}
 		}
 	}
+	deadline, err := time.ParseDuration(os.Getenv(envFleetDeadline))
+	if err != nil {
+		deadline = 30 * time.Second
+	}
 	failed := chaoskit.Pool(env.Workers, jobs, func(i int) bool {
 		if done, err := succeeded(i); err == nil && done {
 			return true
 		}
-		return fleetDrive(ctx, client.HTTPClient(), env.URL, i)
+		return fleetDrive(ctx, client.HTTPClient(), env.URL, i, deadline)
 	})
 	if err := client.Close(); err != nil {
 		if !errors.Is(err, idem.ErrJournalWrite) {
@@ -186,25 +208,124 @@ func fleetChild() int {
 }
 
 // fleetDrive pays order i by name until it gets a 2xx answer that is its
-// own, a bounded number of times, and reports whether it did.
-func fleetDrive(ctx context.Context, hc *http.Client, url string, i int) bool {
+// own, a bounded number of times, and reports whether it did. Each call
+// has the given deadline; one that returns after it is reported in a line
+// "late <pid> <start> <deadline> <end>" (Unix nanoseconds).
+func fleetDrive(ctx context.Context, hc *http.Client, url string, i int, deadline time.Duration) bool {
 	return chaoskit.Try(ctx, 20, 5*time.Millisecond, func(int) (bool, error) {
-		octx, cancel := context.WithTimeout(idem.WithOperation(ctx, fleetName(i)), 30*time.Second)
+		start := time.Now()
+		due := start.Add(deadline)
+		octx, cancel := context.WithDeadline(idem.WithOperation(ctx, fleetName(i)), due)
 		defer cancel()
 		req, err := chaoskit.Post(octx, url+fleetPath, fleetBody(i))
 		if err != nil {
 			return false, err
 		}
 		resp, err := hc.Do(req)
-		if err != nil {
-			return false, nil // in doubt, in flight elsewhere, or the journal is away: the name keeps the key
+		ok := err == nil && chaoskit.Answer(resp, fleetOrder(i))
+		if end := time.Now(); end.After(due) {
+			crashtest.Emit("late", strconv.Itoa(os.Getpid()), strconv.FormatInt(start.UnixNano(), 10),
+				strconv.FormatInt(due.UnixNano(), 10), strconv.FormatInt(end.UnixNano(), 10))
 		}
-		if !chaoskit.Answer(resp, fleetOrder(i)) {
-			return false, nil
+		if !ok {
+			return false, nil // in doubt, in flight elsewhere, or the journal is away: the name keeps the key
 		}
 		crashtest.Emit("done", fleetOrder(i))
 		return true, nil
 	})
+}
+
+// pauseWindow is a time a replica process was stopped.
+type pauseWindow struct {
+	pid        int
+	start, end int64 // Unix nanoseconds
+}
+
+// fleetChildOf returns the pid of the running child of this process that
+// is fleet replica slot replica and may be paused, or 0. It reads /proc,
+// so that the test finds the replica of the moment without reading its
+// lines.
+func fleetChildOf(replica int) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	self := os.Getpid()
+	want := envFleetReplica + "=" + strconv.Itoa(replica)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(self) {
+			continue
+		}
+		environ, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(environ), "\x00")
+		if slices.Contains(vars, want) && slices.Contains(vars, envFleetPausable+"=1") {
+			return pid
+		}
+	}
+	return 0
+}
+
+// fleetPause stops replica slot replica's process now and then until
+// stop, each time for longer than the lease, and records when.
+func fleetPause(replica int, rng *rand.Rand, stop <-chan struct{}, mu *sync.Mutex, windows *[]pauseWindow) {
+	wait := func(d time.Duration) bool {
+		select {
+		case <-stop:
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	for wait(time.Duration(500+rng.IntN(2500)) * time.Millisecond) {
+		pid := fleetChildOf(replica)
+		if pid == 0 {
+			continue
+		}
+		start := time.Now()
+		if syscall.Kill(pid, syscall.SIGSTOP) != nil {
+			continue // it just ended
+		}
+		wait(fleetLease + time.Duration(200+rng.IntN(1300))*time.Millisecond)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		mu.Lock()
+		*windows = append(*windows, pauseWindow{pid: pid, start: start.UnixNano(), end: time.Now().UnixNano()})
+		mu.Unlock()
+	}
+}
+
+// overruns returns, from the "late" lines of the replicas, the largest
+// overrun of a deadline by a call that overlapped no pause of its own
+// process, and how many late calls did overlap one.
+func overruns(late [][4]int64, windows []pauseWindow) (worst time.Duration, n, paused int) {
+	for _, l := range late {
+		pid, start, due, end := int(l[0]), l[1], l[2], l[3]
+		overlaps := false
+		for _, w := range windows {
+			if w.pid == pid && w.start < end && w.end > start {
+				overlaps = true
+			}
+		}
+		if overlaps {
+			paused++
+			continue
+		}
+		n++
+		worst = max(worst, time.Duration(end-due))
+	}
+	return worst, n, paused
 }
 
 // fleetResult is what a fleet run found: the ledger, and the lives of the
@@ -213,6 +334,9 @@ type fleetResult struct {
 	*chaoskit.Ledger
 	kills, children, resumed int
 	elapsed                  time.Duration
+	pauses                   int
+	late                     [][4]int64 // the replicas' late calls: pid, start, deadline, end
+	windows                  []pauseWindow
 }
 
 // fleetDBFaults breaks p now and then until stop: it stalls it, cuts its
@@ -256,13 +380,28 @@ func fleetDBFaults(p *proxy, rng *rand.Rand, stop <-chan struct{}, mu *sync.Mute
 
 func TestFleetChaos(t *testing.T) {
 	seed := fleetFlags.Seed(t)
-	cfg := fleetConfig{ops: *fleetFlags.Ops, kills: *fleetFlags.Kills, workers: *fleetFlags.Workers, seed: seed, dbFaults: *fleetDB}
+	cfg := fleetConfig{ops: *fleetFlags.Ops, kills: *fleetFlags.Kills, workers: *fleetFlags.Workers, seed: seed, dbFaults: *fleetDB,
+		pauses: *fleetPauses, deadline: *fleetDeadline}
 	res := runFleet(t, cfg)
 	res.Assert(t)
 	if cfg.kills > 0 {
 		assert.Positive(t, res.kills, "no replica was ever killed")
 	}
+	if cfg.pauses {
+		assert.Positive(t, res.pauses, "no replica was ever paused")
+	}
+	// No call returns later than its deadline plus the in-doubt path's
+	// documented grace (README: the caller's deadline + 1 s), unless its
+	// own process was stopped meanwhile.
+	worst, n, paused := overruns(res.late, res.windows)
+	t.Logf("fleet chaos seed %d: calls with a %v deadline that returned late: %d not paused (worst overrun %v), %d that overlapped a pause of their replica",
+		seed, cfg.deadline, n, worst.Round(time.Millisecond), paused)
+	assert.LessOrEqual(t, worst, inDoubtGrace, "a call returned later than its deadline plus the documented grace")
 }
+
+// inDoubtGrace is the grace past its caller's deadline that idem documents
+// for the in-doubt path (README, "When a dependency is slow or stuck").
+const inDoubtGrace = time.Second
 
 // TestFleetChaosCatchesLocalJournals checks that the fleet test's checks
 // can fail: replicas that each keep their keys in a journal of their own
@@ -279,6 +418,8 @@ type fleetConfig struct {
 	seed                uint64
 	local               bool // each replica journals in memory, on its own
 	dbFaults            bool // faults between replicas and PostgreSQL, skewed replicas
+	pauses              bool // replicas SIGSTOPped past their lease, then SIGCONTed
+	deadline            time.Duration
 }
 
 // runFleet runs the fleet scenario and returns what it found; it fails t
@@ -304,6 +445,7 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	lifetime := 3*time.Minute + time.Duration(cfg.ops)*20*time.Millisecond
 	// Each replica slot reaches PostgreSQL through a proxy of its own,
 	// faulty while the slot's replicas run.
+	var res fleetResult
 	var mu sync.Mutex
 	paths := make([]string, fleetReplicas)
 	stopFaults := make(chan struct{})
@@ -319,6 +461,12 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		rng := rand.New(rand.NewPCG(seed, uint64(100+r)))
 		faultsWG.Go(func() { fleetDBFaults(p, rng, stopFaults, &mu, &dbFaults) })
 	}
+	if cfg.pauses {
+		for r := range fleetReplicas {
+			rng := rand.New(rand.NewPCG(seed, uint64(200+r)))
+			faultsWG.Go(func() { fleetPause(r, rng, stopFaults, &mu, &res.windows) })
+		}
+	}
 	skews := []time.Duration{0, 30 * time.Second, -30 * time.Second}
 	// env is a child's environment; a clean one reaches PostgreSQL
 	// without faults and with its own clock.
@@ -330,6 +478,12 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		e := append(chaoskit.Env{URL: srv.URL, Ops: cfg.ops, Workers: cfg.workers}.Vars(),
 			envFleetDSN+"="+path, envFleetSchema+"="+schema,
 			envFleetReplica+"="+strconv.Itoa(replica), envFleetLifetime+"="+lifetime.String())
+		if cfg.deadline > 0 {
+			e = append(e, envFleetDeadline+"="+cfg.deadline.String())
+		}
+		if cfg.pauses && !clean {
+			e = append(e, envFleetPausable+"=1")
+		}
 		if cfg.local {
 			e = append(e, envFleetLocal+"=1")
 		}
@@ -339,7 +493,6 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		return e
 	}
 	// scan counts a child's lines; it reports whether the child completed.
-	var res fleetResult
 	scan := func(lines []string) bool {
 		said := chaoskit.Scan(lines)
 		for _, msg := range said.Fatal {
@@ -347,6 +500,14 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		for _, line := range lines {
+			if rest, ok := strings.CutPrefix(line, "late "); ok {
+				var l [4]int64
+				if _, err := fmt.Sscan(rest, &l[0], &l[1], &l[2], &l[3]); err == nil {
+					res.late = append(res.late, l)
+				}
+			}
+		}
 		res.children++
 		res.resumed += said.Resumed
 		return said.Complete
@@ -392,6 +553,9 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	require.NoError(t, err, "final replica")
 	require.True(t, scan(lines), "the final replica completed")
 	res.elapsed = time.Since(start)
+	// The checks get a bound of their own: a long run outlasts the
+	// context the run began with.
+	ctx = testContext(t)
 
 	st := srv.Stats()
 	res.Ledger = chaoskit.Tally(st, chaoskit.PostCharges(st, cfg.ops, fleetPath, fleetBody))
@@ -400,6 +564,15 @@ func runFleet(t *testing.T, cfg fleetConfig) fleetResult {
 	res.Pending = len(pend)
 	require.NoError(t, res.Named(ctx, fleetLookup(store), chaoskit.Names(cfg.ops, fleetName)))
 	res.Foreign(nil)
+	res.pauses = len(res.windows)
+	if cfg.pauses {
+		var stopped time.Duration
+		for _, w := range res.windows {
+			stopped += time.Duration(w.end - w.start)
+		}
+		t.Logf("fleet chaos seed %d: %d SIGSTOP/SIGCONT pauses of replicas (%v stopped in all, each longer than the %v lease)",
+			seed, res.pauses, stopped.Round(time.Millisecond), fleetLease)
+	}
 	if cfg.dbFaults {
 		t.Logf("fleet chaos seed %d: database path faults %v (stalls, cuts, refusals, swallowed answers), replicas' times off by %v", seed, dbFaults, skews)
 	}

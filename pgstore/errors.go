@@ -18,6 +18,32 @@ import (
 // idemstore.ErrJournalWrite, as the KeyStore contract asks (nothing is sent).
 var ErrPermission = errors.New("pgstore: permission denied")
 
+// ErrPooler is returned when the connection pooler between the store and
+// PostgreSQL breaks prepared statements: PgBouncer (before 1.21, or with
+// max_prepared_statements = 0) in transaction or statement pooling mode
+// hands one client's prepared statements to another, so pgx's default
+// query mode, which prepares and caches named statements, meets
+// "prepared statement ... already exists" (SQLSTATE 42P05) or "does not
+// exist" (26000). Open, New, OpenServerStore and NewServerStore probe for
+// it and return it as the error's only sentinel; the stores' methods
+// return it with idemstore.ErrJournalWrite. The cure is in the DSN:
+// default_query_exec_mode=exec (or simple_protocol, or cache_describe),
+// which prepare no named statement.
+var ErrPooler = errors.New("pgstore: the connection pooler breaks prepared statements")
+
+// poolerHint is what an error matching ErrPooler says to do.
+const poolerHint = "behind PgBouncer in transaction pooling mode, add default_query_exec_mode=exec (or simple_protocol) to the DSN"
+
+// pooler reports whether err is a prepared statement that a connection
+// pooler lost or mixed up.
+func pooler(err error) bool {
+	switch sqlState(err) {
+	case "42P05", "26000": // duplicate_prepared_statement, invalid_sql_statement_name
+		return true
+	}
+	return false
+}
+
 // sqlState returns the SQLSTATE of a PostgreSQL error in err, or "".
 func sqlState(err error) string {
 	var pe *pgconn.PgError
@@ -64,6 +90,9 @@ func dbError(what, key string, err error) error {
 	}
 	if sqlState(err) == "42501" {
 		return fmt.Errorf("pgstore: %s: %w: %w: %w", what, ErrPermission, idemstore.ErrJournalWrite, err)
+	}
+	if pooler(err) {
+		return fmt.Errorf("pgstore: %s: %w (%s): %w: %w", what, ErrPooler, poolerHint, idemstore.ErrJournalWrite, err)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", what, idemstore.ErrJournalWrite, err)
 }

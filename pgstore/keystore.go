@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemgo/idem/idemstore"
 )
@@ -407,26 +406,38 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 // Sweep implements idemstore.KeyStore.
 // It deletes in chunks of opSweepChunk rows, each one statement bounded as
 // every call is, so that a large sweep makes progress and a stalled one
-// ends.
+// ends. Sweeps may overlap (replicas' schedules, idem gc beside a running
+// service): each chunk skips the rows another transaction holds, and once
+// a chunk comes back short, a last pass waits for the rows others held
+// and deletes whatever they left, so Sweep returns only when no finished
+// row older than cutoff is left (or with an error). The count is the rows
+// this call deleted: overlapping sweeps' counts add up to the rows gone.
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
 	}
 	n := 0
-	for {
+	chunk := func(sql string) (int, error) {
 		cctx, cancel := s.bind(ctx, 0)
-		err := s.ready(cctx)
-		var tag pgconn.CommandTag
-		if err == nil {
-			tag, err = s.pool.Exec(cctx, s.q.sweep, nanos(cutoff), opSweepChunk)
+		defer cancel()
+		if err := s.ready(cctx); err != nil {
+			return 0, err
 		}
-		cancel()
+		tag, err := s.pool.Exec(cctx, sql, nanos(cutoff), opSweepChunk)
+		return int(tag.RowsAffected()), err
+	}
+	for {
+		d, err := chunk(s.q.sweep)
+		n += d
+		if err == nil && d < opSweepChunk {
+			d, err = chunk(s.q.sweepWait)
+			n += d
+			if err == nil && d == 0 {
+				return n, nil
+			}
+		}
 		if err != nil {
 			return n, dbError("sweep", "", err)
-		}
-		n += int(tag.RowsAffected())
-		if tag.RowsAffected() < opSweepChunk {
-			return n, nil
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,11 @@ const (
 	markRetryMax   = time.Second
 	markBatch      = 256              // marks per batch, one round trip and one transaction
 	markTryTimeout = 10 * time.Second // one try of a batch
+	// markLockTimeout bounds how long a batch waits for a row lock that
+	// another transaction holds (lock_timeout, for the batch only): that
+	// row's mark is then set aside, with its operation's later marks, and
+	// written on its own, while the marks of other operations go on.
+	markLockTimeout = 250 * time.Millisecond
 	// markWait bounds how long Attempt and Finish wait for their mark's
 	// commit when the caller's context has no earlier deadline; after it,
 	// the mark is accepted and written in the background.
@@ -46,9 +52,10 @@ const (
 // queuedMark is a mark in the writer's queue.
 type queuedMark struct {
 	mark
+	seq      uint64 // its place among the marks ever queued
 	state    atomic.Int32
-	done     chan struct{} // closed when written, dropped, or its first try failed
-	released bool          // done is closed; only the writer touches it
+	done     chan struct{} // closed when written, dropped, set aside, or its first try failed
+	released sync.Once     // closes done
 	err      error         // the result once written: nil, or ErrNotFound; set before state becomes markDone
 }
 
@@ -64,6 +71,17 @@ type queuedMark struct {
 // first (ready), within its own context, so that a read sees them and a
 // later change applies after them.
 //
+// A row another transaction holds locked (an operator's session, a long
+// transaction, a role's statement_timeout) slows only its own operation:
+// a batch waits for a row lock at most markLockTimeout, and the mark that
+// waited is set aside with every later mark of its operation, its caller
+// answered (accepted), and the batch is sent again without it. Marks set
+// aside are written, per operation and in order, by a goroutine of their
+// own, again and again with a growing delay, until PostgreSQL takes them;
+// they hold up neither the queue nor ready. Until then the operation's row
+// stays as it was — pending, in doubt — for every reader: nothing reports
+// it finished before its mark is written.
+//
 // A mark PostgreSQL refuses for its content (SQLSTATE class 22 or 23) is
 // never tried again as it is: its text is replaced once, and if it is
 // refused again it is dropped and reported, so that one bad mark cannot
@@ -74,26 +92,32 @@ type markWriter struct {
 	present string          // queries.present
 	base    context.Context // ends when the store gives up on PostgreSQL at Close
 
-	mu       sync.Mutex
-	queue    []*queuedMark
-	queued   uint64        // marks ever queued
-	taken    uint64        // marks taken off the queue: written or dropped
-	progress chan struct{} // closed and replaced whenever taken grows
+	mu    sync.Mutex
+	queue []*queuedMark // in seq order
+	// held are the marks set aside, per key, in order; nheld counts them.
+	held     map[string][]*queuedMark
+	nheld    int
+	queued   uint64        // marks ever queued: the seq of the last
+	progress chan struct{} // closed and replaced whenever a mark leaves the queue or held
 	failed   chan struct{} // closed and replaced whenever a try fails
 	lastErr  error         // the error of the last failed try
 	stopped  bool
 
-	left  atomic.Int64 // marks accepted whose callers returned before they were written
-	wake  chan struct{}
-	hurry chan struct{} // cuts a retry delay short: a caller waits for the queue
-	stop  chan struct{}
-	done  chan struct{}
+	left      atomic.Int64 // marks accepted whose callers returned before they were written
+	wake      chan struct{}
+	hurry     chan struct{} // cuts a retry delay short: a caller waits for the queue
+	wakeHeld  chan struct{} // marks were set aside, or Close waits for them
+	stop      chan struct{}
+	writers   sync.WaitGroup
+	lockAfter string // markLockTimeout, as lock_timeout takes it
 }
 
 func newMarkWriter(pool *pgxpool.Pool, base context.Context, log *slog.Logger, present string) *markWriter {
 	w := &markWriter{pool: pool, base: base, log: log, present: present, progress: make(chan struct{}), failed: make(chan struct{}),
-		wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go w.run()
+		held: map[string][]*queuedMark{}, wake: make(chan struct{}, 1), hurry: make(chan struct{}, 1), wakeHeld: make(chan struct{}, 1),
+		stop: make(chan struct{}), lockAfter: fmt.Sprintf("%dms", markLockTimeout.Milliseconds())}
+	w.writers.Go(w.run)
+	w.writers.Go(w.runHeld)
 	return w
 }
 
@@ -114,10 +138,21 @@ func (w *markWriter) write(ctx context.Context, m mark) error {
 		w.mu.Unlock()
 		return fmt.Errorf("pgstore: %s %s: %w", m.what, m.key, idemstore.ErrClosed)
 	}
-	w.queue = append(w.queue, q)
 	w.queued++
-	w.mu.Unlock()
-	signal(w.wake)
+	q.seq = w.queued
+	if held, ok := w.held[m.key]; ok {
+		// Its operation's earlier mark waits for a row lock: this one
+		// waits behind it, accepted at once.
+		w.held[m.key] = append(held, q)
+		w.nheld++
+		w.mu.Unlock()
+		q.release()
+		signal(w.wakeHeld)
+	} else {
+		w.queue = append(w.queue, q)
+		w.mu.Unlock()
+		signal(w.wake)
+	}
 	t := time.NewTimer(markWait)
 	select {
 	case <-q.done:
@@ -133,8 +168,8 @@ func (w *markWriter) write(ctx context.Context, m mark) error {
 }
 
 // ready waits, within ctx, until every mark accepted before it is
-// written. It has the writer try at once, and fails as soon as a try
-// fails: PostgreSQL does not take changes now.
+// written, or set aside (see markWriter). It has the writer try at once,
+// and fails as soon as a try fails: PostgreSQL does not take changes now.
 func (w *markWriter) ready(ctx context.Context) error {
 	if w.left.Load() == 0 {
 		return nil
@@ -144,9 +179,10 @@ func (w *markWriter) ready(ctx context.Context) error {
 	w.mu.Unlock()
 	for {
 		w.mu.Lock()
-		taken, progress, failed, n := w.taken, w.progress, w.failed, len(w.queue)
+		waiting := len(w.queue) > 0 && w.queue[0].seq <= target
+		progress, failed, n := w.progress, w.failed, len(w.queue)
 		w.mu.Unlock()
-		if taken >= target {
+		if !waiting {
 			return nil
 		}
 		signal(w.hurry)
@@ -165,7 +201,6 @@ func (w *markWriter) ready(ctx context.Context) error {
 
 // run writes the queue in batches until stop.
 func (w *markWriter) run() {
-	defer close(w.done)
 	delay := markRetryMin
 	for {
 		w.mu.Lock()
@@ -206,32 +241,54 @@ func (w *markWriter) run() {
 	}
 }
 
-// release lets q's caller return; only the writer calls it.
+// release lets q's caller return.
 func (q *queuedMark) release() {
-	if !q.released {
-		q.released = true
-		close(q.done)
-	}
+	q.released.Do(func() { close(q.done) })
 }
 
 // send writes batch, the head of the queue, as one transaction. It
-// returns nil when the writer made progress: the batch was written, or
-// the mark PostgreSQL refused was repaired or dropped.
+// returns nil when the writer made progress: the batch was written, the
+// mark PostgreSQL refused was repaired or dropped, or the mark whose row
+// another transaction holds was set aside.
 func (w *markWriter) send(batch []*queuedMark) error {
 	ctx, cancel := context.WithTimeout(w.base, markTryTimeout)
 	defer cancel()
+	results, bad, err := w.exec(ctx, batch)
+	switch {
+	case err == nil:
+		w.unheld(ctx, batch, results)
+		w.take(batch, results)
+		return nil
+	case bad >= 0 && permanent(err):
+		w.refused(batch[bad], err)
+		return nil
+	case bad >= 0 && blocked(ctx, err):
+		w.setAside(batch[bad], err)
+		return nil
+	}
+	return err
+}
+
+// exec writes batch as one transaction whose row lock waits last at most
+// markLockTimeout. It returns each mark's result (nil, or an error
+// matching idemstore.ErrNotFound for a mark that changed nothing), or the
+// error of the try and, when PostgreSQL refused one of the marks, its
+// index in batch (-1 otherwise).
+func (w *markWriter) exec(ctx context.Context, batch []*queuedMark) ([]error, int, error) {
 	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, w.lockAfter)
 	for _, q := range batch {
 		b.Queue(q.sql, q.args...)
 	}
 	br := w.pool.SendBatch(ctx, b)
 	results := make([]error, len(batch))
-	bad, badErr := -1, error(nil)
+	_, badErr := br.Exec()
+	bad := -1
 	for i, q := range batch {
 		tag, err := br.Exec()
 		switch {
 		case err != nil:
-			if bad < 0 {
+			if badErr == nil {
 				bad, badErr = i, err
 			}
 		case tag.RowsAffected() == 0: // a mark for a key that is gone changes nothing
@@ -240,17 +297,131 @@ func (w *markWriter) send(batch []*queuedMark) error {
 	}
 	cerr := br.Close()
 	switch {
-	case bad < 0 && cerr == nil:
-		w.unheld(ctx, batch, results)
-		w.take(batch, results)
-		return nil
-	case bad >= 0 && permanent(badErr):
-		w.refused(batch[bad], badErr)
-		return nil
-	case bad >= 0:
-		return badErr
+	case badErr != nil:
+		return nil, bad, badErr
+	case cerr != nil:
+		return nil, -1, cerr
 	}
-	return cerr
+	return results, -1, nil
+}
+
+// blocked reports whether a mark failed with err because its row was
+// held by another transaction longer than the batch may wait: a lock
+// timeout, a deadlock, or a statement timeout of the server's (not the
+// end of the try's own context, ctx).
+func blocked(ctx context.Context, err error) bool {
+	switch sqlState(err) {
+	case "55P03", "40P01": // lock_not_available, deadlock_detected
+		return true
+	case "57014": // query_canceled: statement_timeout, unless the try's own deadline cancelled it
+		return ctx.Err() == nil
+	}
+	return false
+}
+
+// setAside moves q, whose row another transaction holds, and every later
+// mark of its operation from the queue to held, and lets their callers
+// return (accepted). The marks of other operations go on without them.
+func (w *markWriter) setAside(q *queuedMark, err error) {
+	w.mu.Lock()
+	moved := []*queuedMark{}
+	keep := make([]*queuedMark, 0, len(w.queue))
+	for _, x := range w.queue {
+		if x.key == q.key {
+			moved = append(moved, x)
+		} else {
+			keep = append(keep, x)
+		}
+	}
+	w.queue = keep
+	w.held[q.key] = append(w.held[q.key], moved...)
+	w.nheld += len(moved)
+	close(w.progress)
+	w.progress = make(chan struct{})
+	w.mu.Unlock()
+	for _, x := range moved {
+		x.release()
+	}
+	w.log.Warn("pgstore: a mark waits for a row another transaction holds; the operation stays pending until it is written",
+		"idem.key", q.key, "mark", q.what, "marks", len(moved), "err", err)
+	signal(w.wakeHeld)
+}
+
+// runHeld writes the marks set aside until stop: each operation's in
+// order, on its own, every time again after a growing delay until
+// PostgreSQL takes them.
+func (w *markWriter) runHeld() {
+	delay := markRetryMin
+	for {
+		w.mu.Lock()
+		n := w.nheld
+		w.mu.Unlock()
+		var due <-chan time.Time
+		t := time.NewTimer(delay)
+		if n > 0 {
+			due = t.C
+		}
+		select {
+		case <-w.stop:
+			t.Stop()
+			return
+		case <-w.wakeHeld:
+		case <-due:
+		}
+		t.Stop()
+		if n == 0 {
+			continue // marks were just set aside: try them after a delay
+		}
+		w.mu.Lock()
+		keys := slices.Sorted(maps.Keys(w.held))
+		w.mu.Unlock()
+		moved := true
+		for _, k := range keys {
+			w.mu.Lock()
+			hs := w.held[k]
+			batch := slices.Clone(hs[:min(len(hs), markBatch)])
+			w.mu.Unlock()
+			if len(batch) > 0 && !w.sendHeld(k, batch) {
+				moved = false
+			}
+		}
+		if moved {
+			delay = markRetryMin
+		} else {
+			delay = min(2*delay, markRetryMax)
+		}
+	}
+}
+
+// sendHeld writes batch, the head of key's marks set aside, as one
+// transaction, and reports whether it made progress.
+func (w *markWriter) sendHeld(key string, batch []*queuedMark) bool {
+	ctx, cancel := context.WithTimeout(w.base, markTryTimeout)
+	defer cancel()
+	results, bad, err := w.exec(ctx, batch)
+	switch {
+	case err == nil:
+		w.unheld(ctx, batch, results)
+		w.mu.Lock()
+		if rest := w.held[key][len(batch):]; len(rest) > 0 {
+			w.held[key] = rest
+		} else {
+			delete(w.held, key)
+		}
+		w.nheld -= len(batch)
+		close(w.progress)
+		w.progress = make(chan struct{})
+		w.mu.Unlock()
+		for i, q := range batch {
+			q.finish(w, results[i])
+		}
+		w.log.Info("pgstore: a mark that waited for a row lock is written", "idem.key", key, "marks", len(batch))
+		return true
+	case bad >= 0 && permanent(err):
+		w.refused(batch[bad], err)
+		return true
+	}
+	return false
 }
 
 // unheld sorts out the marks of batch, written, that changed nothing
@@ -296,7 +467,6 @@ func (w *markWriter) unheld(ctx context.Context, batch []*queuedMark, results []
 func (w *markWriter) take(batch []*queuedMark, results []error) {
 	w.mu.Lock()
 	w.queue = w.queue[len(batch):]
-	w.taken += uint64(len(batch))
 	close(w.progress)
 	w.progress = make(chan struct{})
 	w.mu.Unlock()
@@ -328,10 +498,17 @@ func (w *markWriter) refused(q *queuedMark, err error) {
 	w.mu.Lock()
 	if i := slices.Index(w.queue, q); i >= 0 {
 		w.queue = slices.Delete(w.queue, i, i+1)
-		w.taken++
-		close(w.progress)
-		w.progress = make(chan struct{})
+	} else if hs := w.held[q.key]; slices.Contains(hs, q) {
+		i := slices.Index(hs, q)
+		if hs = slices.Delete(hs, i, i+1); len(hs) > 0 {
+			w.held[q.key] = hs
+		} else {
+			delete(w.held, q.key)
+		}
+		w.nheld--
 	}
+	close(w.progress)
+	w.progress = make(chan struct{})
 	w.mu.Unlock()
 	w.log.Error("pgstore: dropped a mark PostgreSQL refuses", "idem.key", q.key, "mark", q.what, "err", err)
 	q.finish(w, fmt.Errorf("pgstore: %s %s: refused by PostgreSQL, dropped: %w: %w", q.what, q.key, idemstore.ErrJournalWrite, err))
@@ -346,12 +523,13 @@ func (w *markWriter) drain(ctx context.Context) error {
 	w.mu.Unlock()
 	for {
 		w.mu.Lock()
-		n, progress := len(w.queue), w.progress
+		n, progress := len(w.queue)+w.nheld, w.progress
 		w.mu.Unlock()
 		if n == 0 {
 			return nil
 		}
 		signal(w.hurry)
+		signal(w.wakeHeld)
 		select {
 		case <-progress:
 		case <-ctx.Done():
@@ -360,9 +538,9 @@ func (w *markWriter) drain(ctx context.Context) error {
 	}
 }
 
-// close stops the writer; the store has cancelled base, so a batch in
+// close stops the writers; the store has cancelled base, so a batch in
 // flight ends at once.
 func (w *markWriter) close() {
 	close(w.stop)
-	<-w.done
+	w.writers.Wait()
 }

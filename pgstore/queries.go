@@ -21,8 +21,8 @@ var columns = []string{
 // Every statement is one round trip; those that change a row are one
 // implicit transaction, so one commit.
 type queries struct {
-	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, lastChange, barrier string
-	now, policy, setPolicy, newer, releaseOwner, present                                               string
+	reserve, acquire, renew, leaseOf, get, attempt, finish, pending, claim, sweep, sweepWait, lastChange, barrier string
+	now, policy, setPolicy, newer, releaseOwner, present                                                          string
 }
 
 // dbNow is the database's clock in Unix nanoseconds (to the microsecond).
@@ -155,8 +155,14 @@ func newQueries(schema string) queries {
 		FROM c WHERE o.key = c.key
 		RETURNING {o.cols}`),
 
-		// Sweep: $1 cutoff, $2 how many rows at most.
-		sweep: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2)`),
+		// Sweep: $1 cutoff, $2 how many rows at most. Rows another
+		// transaction holds (another replica's Sweep, idem gc) are
+		// skipped, not waited for, so overlapping sweeps delete disjoint
+		// rows; sweepWait, the same without SKIP LOCKED, is the last pass:
+		// it waits for the rows others hold and deletes those they left
+		// (a row changed meanwhile is checked again once locked).
+		sweep:     r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`),
+		sweepWait: r.Replace(`DELETE FROM {ops} WHERE key IN (SELECT key FROM {ops} WHERE state <> 1 AND updated < $1 LIMIT $2 FOR UPDATE)`),
 
 		// lastChange: the finished rows' latest through their index on
 		// updated, the pending ones (few) by a scan of theirs.

@@ -63,6 +63,15 @@ import (
 // or a 409), so every Begin is a write transaction and, with
 // synchronous_commit=on, waits for one WAL flush.
 //
+// Renewals have connections of their own: the store keeps a second pool
+// of at most two connections, made from the given pool's configuration
+// and opened on first use, that only Renew uses. Handlers holding their
+// request transactions (Tx) past the lease, as many as the pool has
+// connections, so never starve their own renewals and are not fenced
+// for it; the database sees up to two connections more than
+// pool_max_conns. Close closes that pool (NewServerStore's caller still
+// closes its own).
+//
 // Schema: the tables inbound_keys, event_ids and entity_versions live in
 // the store's schema (see WithSchema), next to the client Store's tables,
 // and are created by the same embedded, versioned migrations under the
@@ -70,13 +79,17 @@ import (
 // kept (idemserver.Response.NotKept) is a row with a negative status,
 // -1 minus the status sent, and no header or body.
 type ServerStore struct {
-	pool    *pgxpool.Pool
-	ownPool bool // OpenServerStore made the pool, so Close closes it
-	schema  string
-	q       serverQueries
-	eq      eventQueries
-	events  map[string]time.Duration // retention of Once's and Advance's records by scope
-	closed  atomic.Bool
+	pool *pgxpool.Pool
+	// renewals is the store's own small pool, made from pool's config,
+	// that only Renew uses: request transactions that fill pool never
+	// hold up a renewal (see the type's doc).
+	renewals *pgxpool.Pool
+	ownPool  bool // OpenServerStore made the pool, so Close closes it
+	schema   string
+	q        serverQueries
+	eq       eventQueries
+	events   map[string]time.Duration // retention of Once's and Advance's records by scope
+	closed   atomic.Bool
 	// callerClock makes the store judge leases by the times its callers
 	// pass, as stores without a shared clock do; for tests that move time
 	// (see export_test.go), never for production.
@@ -118,8 +131,20 @@ func NewServerStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*S
 	if err := migrate(ctx, pool, c.schema, idemstore.ErrJournalWrite); err != nil {
 		return nil, err
 	}
-	return &ServerStore{pool: pool, schema: c.schema, q: newServerQueries(c.schema), eq: newEventQueries(c.schema), events: c.events}, nil
+	rc := pool.Config()
+	rc.MaxConns, rc.MinConns = renewalConns, 0
+	renewals, err := pgxpool.NewWithConfig(ctx, rc)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: renewal pool: %w: %w", idemstore.ErrJournalWrite, err)
+	}
+	return &ServerStore{pool: pool, renewals: renewals, schema: c.schema, q: newServerQueries(c.schema), eq: newEventQueries(c.schema), events: c.events}, nil
 }
+
+// renewalConns is the size of a ServerStore's renewal pool. A renewal is
+// one short update, so two connections carry the renewals of many
+// requests, and one renewal stuck behind a row someone else locked does
+// not hold up the others'.
+const renewalConns = 2
 
 // Pool returns the connection pool the store uses.
 func (s *ServerStore) Pool() *pgxpool.Pool { return s.pool }
@@ -131,7 +156,7 @@ func (s *ServerStore) Schema() string { return s.schema }
 // Each is one statement, so one implicit transaction and one commit
 // (complete also runs inside a request's transaction).
 type serverQueries struct {
-	begin, renew, complete, release, sweep string
+	begin, renew, complete, release, sweep, sweepWait string
 }
 
 // sweepChunk bounds the rows one Sweep statement deletes, so that no
@@ -187,6 +212,11 @@ func newServerQueries(schema string) serverQueries {
 		sweep: `DELETE FROM ` + t + ` WHERE id IN (
 			SELECT id FROM ` + t + ` WHERE expires <= ` + serverNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
 			FOR UPDATE SKIP LOCKED)`,
+		// sweepWait is Sweep's last pass: the same, waiting for the rows
+		// others hold, so that the rows another Sweep left are deleted.
+		sweepWait: `DELETE FROM ` + t + ` WHERE id IN (
+			SELECT id FROM ` + t + ` WHERE expires <= ` + serverNow("$1") + ` ORDER BY expires LIMIT ` + fmt.Sprint(sweepChunk) + `
+			FOR UPDATE)`,
 	}
 }
 
@@ -226,16 +256,59 @@ func (s *ServerStore) fail(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("pgstore: %s: %w", what, context.Cause(ctx))
 	case s.closed.Load():
 		return fmt.Errorf("pgstore: %s: %w", what, idemserver.ErrClosed)
+	case pooler(err):
+		return fmt.Errorf("pgstore: %s: %w (%s): %w: %w", what, ErrPooler, poolerHint, idemstore.ErrJournalWrite, err)
 	}
 	return fmt.Errorf("pgstore: %s: %w: %w", what, idemstore.ErrJournalWrite, err)
 }
 
-// Begin implements idemserver.Store.
+// claimGrace bounds how long a claim's statement runs on after its
+// context ended, and then how long the release of its token may take.
+const claimGrace = 500 * time.Millisecond
+
+// Begin implements idemserver.Store. A claim is never orphaned by its
+// caller: the statement runs under a context of its own that ends
+// claimGrace (500 ms) after ctx does (and at most 30 seconds), so a
+// request whose client drops mid-claim does not cut the statement off
+// between PostgreSQL's commit and its answer. If ctx ended meanwhile, or
+// the statement's answer was lost, Begin deletes the row its own token may
+// hold (at most another claimGrace) and returns an error: the key is free
+// for the next request at once, not held until its lease lapses. Only
+// when that release cannot reach PostgreSQL either is the key left to its
+// lease. Begin so returns at most 1 second after ctx ends.
 func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver.Claim, error) {
 	if err := s.check(ctx); err != nil {
 		return idemserver.Claim{}, err
 	}
 	tok := uuid.NewString()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(claimGrace, cancel) })
+	defer stop()
+	c, err := s.begin(sctx, b, tok)
+	switch {
+	case ctx.Err() != nil && (err == nil && c.State == idemserver.StateAcquired || maybeSent(err)):
+		s.abandon(ctx, b.ID, tok)
+		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the request ended during the claim; its key is released: %w", b.ID, context.Cause(ctx))
+	case ctx.Err() != nil:
+		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: %w", b.ID, context.Cause(ctx))
+	case err != nil && maybeSent(err):
+		s.abandon(ctx, b.ID, tok)
+	}
+	return c, err
+}
+
+// abandon deletes the in-flight row that token may hold, within
+// claimGrace, so that a claim whose caller is gone does not hold its key.
+func (s *ServerStore) abandon(ctx context.Context, id, token string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimGrace)
+	defer cancel()
+	_, _ = s.pool.Exec(rctx, s.q.release, id, token)
+}
+
+// begin is Begin's statement, run under ctx, and tried again while its
+// snapshot misses the row it conflicted with.
+func (s *ServerStore) begin(ctx context.Context, b idemserver.Begin, tok string) (idemserver.Claim, error) {
 	lease := nanos(b.LeaseUntil) - nanos(b.Now)
 	for range beginTries {
 		var (
@@ -275,13 +348,13 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 	return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the key changed under %d tries: %w", b.ID, beginTries, idemstore.ErrJournalWrite)
 }
 
-// held runs the statement q on the in-flight row id held under token;
-// changing no row means the caller lost it.
-func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any) error {
+// held runs the statement q on the in-flight row id held under token,
+// on pool; changing no row means the caller lost it.
+func (s *ServerStore) held(ctx context.Context, pool *pgxpool.Pool, what, q, id string, args ...any) error {
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, q, args...)
+	tag, err := pool.Exec(ctx, q, args...)
 	if err != nil {
 		return s.fail(ctx, what+" "+id, err)
 	}
@@ -291,9 +364,11 @@ func (s *ServerStore) held(ctx context.Context, what, q, id string, args ...any)
 	return nil
 }
 
-// Renew implements idemserver.Store.
+// Renew implements idemserver.Store. It runs on the store's renewal pool,
+// never waiting for a connection of the pool that request transactions
+// hold.
 func (s *ServerStore) Renew(ctx context.Context, id, token string, now, until time.Time) error {
-	return s.held(ctx, "renew", s.q.renew, id, id, token, s.callerNow(now), nanos(until)-nanos(now))
+	return s.held(ctx, s.renewals, "renew", s.q.renew, id, id, token, s.callerNow(now), nanos(until)-nanos(now))
 }
 
 // completeArgs returns the arguments of the complete statement for c.
@@ -325,19 +400,21 @@ func (s *ServerStore) Complete(ctx context.Context, c idemserver.Completion) err
 	if err != nil {
 		return err
 	}
-	return s.held(ctx, "complete", s.q.complete, c.ID, args...)
+	return s.held(ctx, s.pool, "complete", s.q.complete, c.ID, args...)
 }
 
 // Release implements idemserver.Store.
 func (s *ServerStore) Release(ctx context.Context, id, token string) error {
-	return s.held(ctx, "release", s.q.release, id, id, token)
+	return s.held(ctx, s.pool, "release", s.q.release, id, id, token)
 }
 
 // Sweep implements idemserver.Store. It deletes the expired inbound keys,
 // then the expired records of Once and Advance, in statements of at most a
 // thousand rows each; replicas may sweep at once, each deleting the rows
-// the others do not hold at that moment. The count is of every row
-// deleted.
+// the others do not hold at that moment. Once a statement of inbound keys
+// comes back short, a last one waits for the rows others held and deletes
+// what they left, so no expired key is left behind another Sweep. The
+// count is of every row this call deleted.
 func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for _, q := range [...]string{s.q.sweep, s.eq.sweepIDs, s.eq.sweepVersions} {
@@ -355,7 +432,18 @@ func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			}
 			n := int(tag.RowsAffected())
 			total += n
-			if n < sweepChunk {
+			if n == sweepChunk {
+				continue
+			}
+			if q != s.q.sweep {
+				break
+			}
+			if tag, err = s.pool.Exec(ctx, s.q.sweepWait, arg); err != nil {
+				return total, s.fail(ctx, "sweep", err)
+			}
+			n = int(tag.RowsAffected())
+			total += n
+			if n == 0 {
 				break
 			}
 		}
@@ -370,6 +458,7 @@ func (s *ServerStore) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("pgstore: close: %w", idemserver.ErrClosed)
 	}
+	s.renewals.Close()
 	if s.ownPool {
 		s.pool.Close()
 	}

@@ -59,9 +59,11 @@ import (
 //     the request's transaction usable.
 //
 // Cost: the transaction holds a pooled connection from its first
-// statement until the answer is committed, besides the connection the
-// middleware uses to renew the lease, and holds the locks its statements
-// take until then. Keep it short: long external calls (a payment
+// statement until the answer is committed, and holds the locks its
+// statements take until then. Renewals of the lease do not need one of
+// the pool's connections: they run on the store's own renewal pool (see
+// ServerStore), so transactions that fill the pool do not fence their
+// requests. Keep it short: long external calls (a payment
 // provider) belong before the first Tx call or after the handler's
 // writes, or behind idemserver.Step, so that their retries are replayed by
 // key; size the pool (pool_max_conns) for the requests in flight.

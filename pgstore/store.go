@@ -73,6 +73,18 @@
 // written as given: the journal passes them as valid UTF-8 without NUL
 // bytes, at most 2 KiB (see idemstore.KeyStore).
 //
+// A journal row that another transaction holds locked (an operator's
+// session, a long transaction, SELECT ... FOR UPDATE) slows only its own
+// operation: marks wait for a row lock at most 250 ms, then the mark of
+// that row, and every later mark of its operation, is set aside and
+// written on its own, again until PostgreSQL takes it, while the marks of
+// other operations, reservations and reads go on without waiting for it.
+// Its caller returns nil (accepted) as above; the operation stays pending
+// — in doubt — for every reader, this store included, until the mark is
+// written: it is never reported finished by assumption, and once its
+// lease lapses Resume may send it again under its key. A role's
+// statement_timeout that cancels a mark is dealt with the same way.
+//
 // Failures (ServerStore's are stated on its type): every error from
 // PostgreSQL — unreachable, restarted, terminated connections, a read that
 // failed — matches idemstore.ErrJournalWrite and wraps pgx's error; one that
@@ -89,6 +101,19 @@
 // context and at most 30 seconds, whatever the context's deadline (a
 // Renew, a third of its lease; a Sweep, each chunk of rows it deletes),
 // and Close returns within 15 seconds whatever the database does.
+//
+// PgBouncer and other poolers: everything the stores do is one
+// transaction at a time (a statement, a batch, a request's transaction;
+// migrations lock with a transaction-level advisory lock; no session
+// state), so they work through PgBouncer in transaction pooling mode — but
+// pgx's default query mode prepares named statements, which such a pooler
+// (PgBouncer before 1.21, or with max_prepared_statements = 0) hands from
+// one client to another. Put default_query_exec_mode=exec in the DSN
+// (simple_protocol and cache_describe work too; describe_exec does not:
+// its describe and its execute may reach different server connections).
+// Open, New, OpenServerStore and NewServerStore find out: through such a
+// pooler in the default mode they return an error matching ErrPooler that
+// names the setting, instead of failing later, call by call.
 //
 // Schema: the store keeps its tables in their own PostgreSQL schema ("idem"
 // unless WithSchema names another) and creates or migrates them on Open and
@@ -410,7 +435,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 	if err != nil {
 		return err
 	}
+	if err := probePooler(ctx, pool); err != nil {
+		return err
+	}
 	fail := func(step string, err error) error {
+		if pooler(err) {
+			return fmt.Errorf("pgstore: migrate schema %q: %s: %w (%s): %w", schema, step, ErrPooler, poolerHint, err)
+		}
 		if sqlState(err) == "42501" {
 			return fmt.Errorf("pgstore: migrate schema %q: %s: %w (the first Open needs a role that may create the schema "+
 				"and its tables; later ones need USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables): %w",
@@ -468,6 +499,51 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, sentinel er
 		return fail("commit", err) // the begin or the commit failed
 	}
 	return err
+}
+
+// probePooler finds out, when pool prepares and caches named statements
+// (pgx's default query mode), whether a connection pooler in front of
+// PostgreSQL mixes them up between connections, as PgBouncer in
+// transaction pooling mode does: two connections of the pool, held at
+// once, run one statement in turn. Straight to PostgreSQL they are two
+// sessions, each with its own statement; through such a pooler the second
+// lands on the server connection the first just prepared it on and
+// PostgreSQL answers 42P05 (or, on another one, 26000 to the first when it
+// runs it again). The error then matches ErrPooler and says what to put
+// in the DSN. A pool of one connection is not probed (it cannot hold two),
+// nor is one in another query mode.
+func probePooler(ctx context.Context, pool *pgxpool.Pool) error {
+	cfg := pool.Config()
+	if cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.MaxConns < 2 {
+		return nil
+	}
+	var conns [2]*pgxpool.Conn
+	for i := range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			for _, c := range conns[:i] {
+				c.Release()
+			}
+			return fmt.Errorf("pgstore: connect: %w: %w", idemstore.ErrJournalWrite, err)
+		}
+		conns[i] = c
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	const probe = `SELECT $1::int -- pgstore: prepared statements through a pooler`
+	for _, c := range []*pgxpool.Conn{conns[0], conns[1], conns[0]} {
+		var n int
+		if err := c.QueryRow(ctx, probe, 1).Scan(&n); err != nil {
+			if pooler(err) {
+				return fmt.Errorf("pgstore: open: %w (%s): %w", ErrPooler, poolerHint, err)
+			}
+			return fmt.Errorf("pgstore: open: %w: %w", idemstore.ErrJournalWrite, err)
+		}
+	}
+	return nil
 }
 
 // migratedVersions returns the migrations applied to schema, none when

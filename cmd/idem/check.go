@@ -64,7 +64,8 @@ Flags:
   --other-body BODY       the other payload (default: BODY with fresh UUIDs,
                           if it has {{uuid}})
   --key-header NAME       the key's header (default Idempotency-Key)
-  --provider NAME         take header and key format from a profile:
+  --provider NAME         take header (or body member), key format and the
+                          in-progress and performed answers from a profile:
                           %s
   --concurrency N         requests at once in the concurrent scenario (2 to %d)
   --wait-retention D      add the retention scenario (e.g. 10m)
@@ -78,7 +79,10 @@ judged), 2 usage.
 
 // checkProviders are the profiles --provider names.
 var checkProviders = map[string]idem.Provider{
-	"stripe": idem.Stripe, "paypal": idem.PayPal, "adyen": idem.Adyen,
+	"stripe": idem.Stripe, "stripev2": idem.StripeV2, "paypal": idem.PayPal, "paypalorders": idem.PayPalOrders,
+	"paypalvault": idem.PayPalVault, "paypalsubscriptions": idem.PayPalSubscriptions,
+	"paypalpaymentsv1": idem.PayPalPaymentsV1, "paypalpaymentsv2": idem.PayPalPaymentsV2,
+	"adyen": idem.Adyen, "gocardless": idem.GoCardless, "square": idem.Square,
 	"checkoutcom": idem.CheckoutCom, "worldline": idem.Worldline, "amazonpay": idem.AmazonPay,
 }
 
@@ -191,6 +195,14 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			cfg.KeyHeader = p.Header
 		}
 		cfg.NewKey = func() string { k, _ := p.NewKey(); return k }
+		// The profile's rules: where the key travels, and which answers
+		// mean "in progress" or "performed, not replayed".
+		cfg.BodyKeyField = p.BodyKeyField
+		cfg.Busy = p.InProgress
+		cfg.Performed = func(status int, h http.Header, body []byte) bool {
+			_, ok := p.PerformedAnswer(status, h, body)
+			return ok
+		}
 	}
 
 	rep, err := idemtest.Check(ctx, cfg)
