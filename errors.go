@@ -19,6 +19,13 @@ var (
 	// credentials were not journaled when no WithResumePrepare hook is set.
 	// Nothing is sent; the operation stays pending.
 	ErrNoCredentials = errors.New("idem: resend needs credentials (set WithResumePrepare)")
+	// ErrRedirected is returned when net/http's client follows a redirect
+	// that re-sends a keyed request with its body (a 307 or 308 answer to
+	// a POST) through the Transport: under a new key it would be a second
+	// operation, so it is not sent. The first request's operation ended
+	// with the redirect's status. Client.HTTPClient does not follow such a
+	// redirect; it returns the 307 or 308 to the caller.
+	ErrRedirected = errors.New("idem: a keyed request redirected with its body is not sent again under a new key")
 	// ErrInvalidRequest is returned for a request that can never be sent (no
 	// URL, a scheme other than http or https, no host, a header name that is
 	// not a token or a value with a control byte other than HTAB, a key
@@ -88,6 +95,8 @@ type Error struct {
 }
 
 // Error returns a one-line description with the key, attempts and causes.
+// A URL in Err's text is shown as RedactURL shows it; Err itself is left
+// as it was.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("idem: ")
@@ -111,8 +120,10 @@ func (e *Error) Error() string {
 	b.WriteString(")")
 	if e.Err != nil {
 		b.WriteString(": ")
-		msg := e.Err.Error()
-		if e.Cause != nil { // an Err that wraps Cause would say it twice
+		// A *url.Error quotes the URL with its query; an Err that wraps
+		// Cause would say it twice.
+		msg := secrets.redactText(e.Err.Error())
+		if e.Cause != nil {
 			msg = strings.TrimPrefix(msg, e.Cause.Error()+": ")
 		}
 		b.WriteString(msg)

@@ -144,10 +144,13 @@ func checkReserve(op *Operation) error {
 // text is cut at a character boundary and ends with "…".
 const maxErrText = 2048
 
-// recordedText returns s as a record keeps an error text: valid UTF-8
-// (invalid bytes become U+FFFD), without NUL bytes, and at most maxErrText
-// bytes long. Every store then holds the same text, whatever its format.
+// recordedText returns s as a record keeps an error text: its URLs
+// redacted (RedactText: a base transport's error may quote the request's
+// URL with its query), valid UTF-8 (invalid bytes become U+FFFD), without
+// NUL bytes, and at most maxErrText bytes long. Every store then holds the
+// same text, whatever its format.
 func recordedText(s string) string {
+	s = secrets.redactText(s)
 	if len(s) <= maxErrText && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
 		return s // the common case costs no allocation
 	}
@@ -404,7 +407,7 @@ func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
 		attrs = append(attrs, "http.response.status_code", status)
 	}
 	if err != nil {
-		attrs = append(attrs, "exception.message", err)
+		attrs = append(attrs, "exception.message", errText(err))
 	}
 	j.log.Debug("idem: resume took operation", attrs...)
 }

@@ -524,7 +524,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 			}
 		}
 		o.j.recent.add(o.match, o.rec.Key)
-		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", text)
+		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", secrets.redactText(text))
 		if o.hooks.any() {
 			o.hooks.inDoubt(o.info(StatePending), cause)
 		}

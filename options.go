@@ -94,16 +94,11 @@ var defaultBase = sync.OnceValue(func() http.RoundTripper {
 	return t
 })
 
-// defaultSecretQuery are the query parameters never journaled by default.
-var defaultSecretQuery = []string{"api_key", "apikey", "access_token", "token", "key", "secret", "client_secret", "password", "signature", "sig"}
-
 func newConfig(opts []Option) config {
 	c := config{
 		base:          defaultBase(),
 		header:        DefaultHeader,
 		keyed:         map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		secret:        map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true},
-		secretQuery:   make(map[string]bool),
 		maxBody:       DefaultMaxBodySize,
 		resendWindow:  DefaultResendWindow,
 		matchWindow:   DefaultResendMatchWindow,
@@ -115,9 +110,7 @@ func newConfig(opts []Option) config {
 	for _, h := range defaultVolatile {
 		c.volatile[http.CanonicalHeaderKey(h)] = true
 	}
-	for _, q := range defaultSecretQuery {
-		c.secretQuery[q] = true
-	}
+	c.secret, c.secretQuery = defaultSecrets() // see secrets.go
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -225,29 +218,6 @@ func WithKeyedMethods(methods ...string) Option {
 		c.keyed = make(map[string]bool, len(methods))
 		for _, m := range methods {
 			c.keyed[strings.ToUpper(m)] = true
-		}
-	}
-}
-
-// WithSecretHeaders adds headers that are never written to the journal,
-// besides Authorization, Cookie and Proxy-Authorization. Use
-// WithResumePrepare to add them back to resumed requests.
-func WithSecretHeaders(names ...string) Option {
-	return func(c *config) {
-		for _, n := range names {
-			c.secret[http.CanonicalHeaderKey(n)] = true
-		}
-	}
-}
-
-// WithSecretQueryParams adds URL query parameters that are never written
-// to the journal, besides api_key, apikey, access_token, token, key,
-// secret, client_secret, password, signature and sig. Use
-// WithResumePrepare to add them back to resumed requests.
-func WithSecretQueryParams(names ...string) Option {
-	return func(c *config) {
-		for _, n := range names {
-			c.secretQuery[n] = true
 		}
 	}
 }

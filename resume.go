@@ -279,7 +279,7 @@ func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 		log.Info("idem: resumed operation", "idem.key", op.Key, "idem.operation", op.Name, "http.response.status_code", resp.StatusCode)
 		return
 	}
-	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", err)
+	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", errText(err))
 }
 
 // resumeLoop is the background resumer: every interval it resumes the
@@ -296,7 +296,7 @@ func (c *Client) resumeLoop() {
 			return
 		case <-tick.C:
 			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
-				c.t.cfg.logger.Warn("idem: background resume", "exception.message", err)
+				c.t.cfg.logger.Warn("idem: background resume", "exception.message", errText(err))
 			}
 		}
 	}

@@ -74,8 +74,8 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	}
 	n, nv, same := 0, 0, shared != nil
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
-			redacted = redacted || c.secret[ck]
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
+			redacted = redacted || c.isSecretHeader(ck)
 			continue
 		}
 		n, nv = n+1, nv+len(v)
@@ -93,7 +93,7 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	values := make([]string, 0, nv)
 	var sum uint64 // of the entries, in no order
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
 			continue
 		}
 		values = append(values, v...)

@@ -63,6 +63,13 @@ import (
 // can be rewound (no body, or GetBody set). Other requests without a key are
 // retried only when the failure proves nothing reached the server.
 //
+// A request net/http's client made to follow a redirect (its Response is
+// set) goes to another host (host and port) than the first request of its
+// chain without the secret headers (DefaultSecretHeaders and
+// WithSecretHeaders); one that would re-send a keyed request with its body
+// (a 307 or 308 answer to a POST) is refused with ErrRedirected, never
+// sent under a second key. Client.HTTPClient does not follow the latter.
+//
 // Transport is safe for concurrent use. As the RoundTripper contract asks,
 // it closes the request body, also on errors, and does not modify the
 // request. Close every response body, as net/http asks: an answer whose
@@ -95,6 +102,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	keyed := t.cfg.keyed[req.Method] && !withoutKey(req.Context())
+	if req.Response != nil { // net/http's client follows a redirect
+		if keyed {
+			closeBody(req)
+			return nil, fmt.Errorf("%w: %s %s after %d", ErrRedirected, req.Method, secrets.redactText(req.URL.String()), req.Response.StatusCode)
+		}
+		req = t.cfg.redirectRequest(req)
+	}
 	if keyed && !validHeaderName(t.cfg.header) {
 		closeBody(req)
 		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))

@@ -65,18 +65,20 @@ import (
 // a file overwritten in place with an older copy is ErrJournalCorrupt, and
 // the store refuses all access. Close reports either.
 //
-// What Open checks: the file's size against its pages and its format
-// marker; then, walking the records and the names once each in key order
-// (which reads every leaf page of both B+trees, so a damaged page is
-// found), that every pending record and its body decode and pass their
-// checksums, that every name maps to a well-formed key, and that every
-// named pending record is found by its name. Finished records, and the
-// names of finished records, are checked when they are read. A record
-// written by a newer idem is no damage: Open accepts it, and Pending and
-// Resume report it (ErrRecordVersion). The walks cost a cursor step per
-// record and name; decoding, only the pending records (about 20 ms for
-// 100,000 finished and 1,000 pending operations, half of them named:
-// BenchmarkOpenCheck).
+// What Open checks: the file's size against its pages, its format
+// marker and its buckets (a journal that lost its ops or names bucket is
+// ErrJournalCorrupt, and is not given an empty one); then, walking the
+// records and the names once each in key order (which reads every leaf
+// page of both B+trees, so a damaged page is found), that every pending
+// record and its body decode and pass their checksums, that every name
+// maps to a well-formed key that has a record, and that every named
+// pending record is found by its name.
+// Finished records, and the names of finished records, are checked when
+// they are read. A record written by a newer idem is no damage: Open
+// accepts it, and Pending and Resume report it (ErrRecordVersion). The
+// walks cost a cursor step per record and name; decoding, only the
+// pending records (about 20 ms for 100,000 finished and 1,000 pending
+// operations, half of them named: BenchmarkOpenCheck).
 //
 // One opener at a time: after taking the file's lock, Open checks that the
 // locked file is still the one at the path (another opener may have
@@ -150,7 +152,7 @@ func Open(path string, o *Options) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	f, err := openFile(path, opt.LockTimeout, opt.beforeCompact)
+	f, err := openFile(path, opt.LockTimeout, opt.ReadOnly, opt.beforeCompact)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +178,7 @@ func Open(path string, o *Options) (*Store, error) {
 			}
 		},
 	})
-	if opt.ScrubDelay > 0 {
+	if opt.ScrubDelay > 0 && !opt.ReadOnly {
 		s.scrubKick = make(chan struct{}, 1)
 		s.scrubStop, s.scrubDone = make(chan struct{}), make(chan struct{})
 		f.kick = s.kickScrub

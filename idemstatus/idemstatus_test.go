@@ -3,9 +3,11 @@ package idemstatus_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -277,3 +279,16 @@ func TestHandlerRefusesOtherMethodsAndBadLimits(t *testing.T) {
 
 // Compile-time check that every KeyStore is a Journal.
 var _ idemstatus.Journal = idem.KeyStore(nil)
+
+// TestRecentErrorsAreRedacted is finding 4 of issue 35 for the live page:
+// an event's error text, which may quote the request's URL as sent (a
+// *url.Error), shows it without its secret query parameters.
+func TestRecentErrorsAreRedacted(t *testing.T) {
+	col := idemstatus.NewCollector(0)
+	err := &url.Error{Op: "Post", URL: "https://pay.example/x?X-Amz-Signature=s3cr3t&order=1", Err: errors.New("EOF")}
+	col.Hooks().InDoubt(idem.OperationInfo{Key: "k", Method: "POST", URL: "https://pay.example/x?order=1", State: idem.StatePending}, err)
+	recent := col.Recent()
+	require.Len(t, recent, 1)
+	assert.NotContains(t, recent[0].Err, "s3cr3t")
+	assert.Contains(t, recent[0].Err, "order=1")
+}

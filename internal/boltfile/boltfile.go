@@ -78,6 +78,16 @@ type Options struct {
 	Buckets [][]byte
 	// Compact makes Open rewrite a mostly free file (see Compact).
 	Compact bool
+	// ReadOnly opens an existing file for reading only, under a shared
+	// lock: nothing is written, not even to a damaged file. Compact is
+	// ignored, a missing file is not created, and a file without the
+	// marker or one of Buckets is Corrupt.
+	ReadOnly bool
+	// BucketsRequired makes a writable Open refuse (Corrupt), rather than
+	// create, a bucket of Buckets that an existing file with the marker
+	// lacks: for files whose buckets all came with the marker, where a
+	// missing one was lost. A new file gets them all.
+	BucketsRequired bool
 	// BeforeCompact, if set, runs when Open has decided to compact, with
 	// the lock held (a test hook).
 	BeforeCompact func()
@@ -162,7 +172,7 @@ func Open(path string, o Options) (*File, error) {
 		_ = f.Release()
 		return nil, err
 	}
-	if o.Compact {
+	if o.Compact && !o.ReadOnly {
 		if err := f.compactIfMostlyFree(); err != nil {
 			_ = f.Release()
 			return nil, err
@@ -307,6 +317,7 @@ func (f *File) openLocked(timeout time.Duration) (err error) {
 	f.file = nil
 	f.db, err = bolt.Open(f.real, 0o600, &bolt.Options{
 		Timeout:      timeout,
+		ReadOnly:     f.o.ReadOnly,
 		FreelistType: bolt.FreelistMapType,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			file, err := os.OpenFile(name, flag, perm)
@@ -377,6 +388,25 @@ func (f *File) init() error {
 	})
 	if err != nil || ready {
 		return err
+	}
+	if o.ReadOnly || o.BucketsRequired {
+		err := f.View(func(tx *bolt.Tx) error {
+			if tx.Bucket(o.Meta) == nil {
+				if !o.ReadOnly {
+					return nil // a new file, or a foreign one: the Update below tells
+				}
+				return fmt.Errorf("%w: not %s (no format marker)", e.Corrupt, o.Foreign)
+			}
+			for _, name := range o.Buckets {
+				if tx.Bucket(name) == nil {
+					return fmt.Errorf("%w: the %s file has its format marker but no %s bucket: it is damaged", e.Corrupt, o.Kind, name)
+				}
+			}
+			return nil
+		})
+		if err != nil || o.ReadOnly {
+			return err
+		}
 	}
 	return f.Update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(o.Meta); m != nil {
