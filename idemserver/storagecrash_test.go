@@ -103,7 +103,7 @@ func runServerWorkload(wi int, w, path string) {
 			crashtest.Emit("err", "open", strings.ReplaceAll(err.Error(), " ", "_"))
 			return false
 		}
-		mw := idemserver.New(store, idemserver.WithSweepInterval(-1))
+		mw := idemserver.New(store, idemserver.WithSweepInterval(-1), idemserver.WithSingleTenant())
 		srv = httptest.NewServer(mw.Required(h))
 		return true
 	}
@@ -281,7 +281,7 @@ func (c *srvChecker) checkOpen(st crashstate.State, answered map[string]string) 
 		return nil
 	}
 	defer s.Close()
-	mw := idemserver.New(s, idemserver.WithSweepInterval(-1))
+	mw := idemserver.New(s, idemserver.WithSweepInterval(-1), idemserver.WithSingleTenant())
 	defer mw.Close()
 	ran := 0
 	h := mw.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
