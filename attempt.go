@@ -19,6 +19,8 @@ type caller interface {
 	// body returns the body for attempt n (from 1), or nil to send the
 	// request's own.
 	body(n int) (io.ReadCloser, error)
+	// starting runs just before attempt n (from 1) is sent.
+	starting(n int)
 	// tried records what an attempt got and returns it counted: with its
 	// writes set, and a transient verdict made permanent when the request
 	// must not go again. (A try goes by value, so that it stays on the
@@ -31,6 +33,9 @@ type caller interface {
 	// stop ends a call that has no response for the caller and returns
 	// its error.
 	stop(cause, err error) error
+	// changed returns why the call must stop before another attempt, an
+	// error matching ErrBodyChanged, or nil.
+	changed() error
 	// names returns the key and name the log shows for the call.
 	names() (key, name string)
 	// resends returns the http.request.resend_count of the next request

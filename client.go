@@ -93,7 +93,7 @@ func newClient(store KeyStore, cfg config) *Client {
 		retention: cfg.retention, log: cfg.logger,
 		recent: recentCalls{window: cfg.matchWindow, limit: cfg.matchLimit, log: cfg.logger},
 	}
-	j.keyHeader = cfg.header
+	j.keyHeader, j.headerNamed = cfg.header, cfg.headerSet
 	t := &Transport{cfg: cfg, j: j}
 	j.newKey = t.cfg.newKey
 	c := &Client{t: t, resuming: make(chan struct{}, 1)}
@@ -122,8 +122,9 @@ func newClient(store KeyStore, cfg config) *Client {
 // http.Client, except one that would re-send a keyed request (a 307 or 308
 // answer to a POST): that response is returned to the caller, because
 // sending the payload to another URL is a new operation the caller must
-// decide on. A 303 (or 301, 302) after a POST is followed with a GET. Its
-// CloseIdleConnections reaches the base transport.
+// decide on. A 303 (or 301, 302) after a POST is followed with a GET,
+// without the secret headers if it goes to another host (see Transport).
+// Its CloseIdleConnections reaches the base transport.
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
 // Transport returns the Client's http.RoundTripper, for SDKs that take a

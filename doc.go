@@ -59,10 +59,11 @@
 //     otherwise (Stripe-Should-Retry, X-Should-Retry); Retry-After and
 //     Retry-After-Ms are honoured but capped, and no wait outlasts the
 //     caller's context deadline.
-//   - Credentials (Authorization, Cookie, Proxy-Authorization, the headers
-//     named with WithSecretHeaders, the URL's user info and secret query
-//     parameters) are never written to the journal; Resume sends such an
-//     operation only through WithResumePrepare. A request's body is deleted
+//   - Credentials (DefaultSecretHeaders: Authorization, Cookie,
+//     X-Api-Key and the like, the headers named with WithSecretHeaders,
+//     the URL's user info and secret query parameters) are never written
+//     to the journal, nor sent on a redirect to another host; Resume sends
+//     such an operation only through WithResumePrepare. A request's body is deleted
 //     once its operation finishes, and its URL loses its query.
 //
 // # What survives a crash

@@ -19,6 +19,13 @@ var (
 	// credentials were not journaled when no WithResumePrepare hook is set.
 	// Nothing is sent; the operation stays pending.
 	ErrNoCredentials = errors.New("idem: resend needs credentials (set WithResumePrepare)")
+	// ErrRedirected is returned when net/http's client follows a redirect
+	// that re-sends a keyed request with its body (a 307 or 308 answer to
+	// a POST) through the Transport: under a new key it would be a second
+	// operation, so it is not sent. The first request's operation ended
+	// with the redirect's status. Client.HTTPClient does not follow such a
+	// redirect; it returns the 307 or 308 to the caller.
+	ErrRedirected = errors.New("idem: a keyed request redirected with its body is not sent again under a new key")
 	// ErrInvalidRequest is returned for a request that can never be sent (no
 	// URL, a scheme other than http or https, no host, a header name that is
 	// not a token or a value with a control byte other than HTAB, a key
@@ -26,6 +33,18 @@ var (
 	// ContentLength, a GetBody that returns no body). Nothing is journaled
 	// or sent.
 	ErrInvalidRequest = errors.New("idem: invalid request")
+	// ErrBodyChanged is returned when a body too large to journal
+	// (WithUnjournaledLargeBodies) streamed to the server with other
+	// bytes than the ones fingerprinted: the request's GetBody did not
+	// return the same bytes each time. The attempt's stream is cut before
+	// its last bytes and nothing is sent after it; the operation stays in
+	// doubt, since an earlier attempt may have been performed.
+	ErrBodyChanged = errors.New("idem: GetBody returned other bytes than those fingerprinted under the key")
+	// ErrNotKeyed is returned, matching ErrInvalidRequest too, for a
+	// request whose context asks for a key (WithKey, WithOperation) with
+	// a method the Client does not key (WithKeyedMethods, Provider.Methods):
+	// it would go out without its key and unjournaled. Nothing is sent.
+	ErrNotKeyed = errors.New("idem: method is not keyed")
 	// ErrAttemptsExhausted is returned when the last allowed attempt ended
 	// without a response. The operation stays pending: its outcome is unknown.
 	ErrAttemptsExhausted = errors.New("idem: attempts exhausted without a response")
@@ -76,6 +95,8 @@ type Error struct {
 }
 
 // Error returns a one-line description with the key, attempts and causes.
+// A URL in Err's text is shown as RedactURL shows it; Err itself is left
+// as it was.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("idem: ")
@@ -99,8 +120,10 @@ func (e *Error) Error() string {
 	b.WriteString(")")
 	if e.Err != nil {
 		b.WriteString(": ")
-		msg := e.Err.Error()
-		if e.Cause != nil { // an Err that wraps Cause would say it twice
+		// A *url.Error quotes the URL with its query; an Err that wraps
+		// Cause would say it twice.
+		msg := secrets.redactText(e.Err.Error())
+		if e.Cause != nil {
 			msg = strings.TrimPrefix(msg, e.Cause.Error()+": ")
 		}
 		b.WriteString(msg)

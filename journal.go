@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,8 +20,12 @@ import (
 type journal struct {
 	store     KeyStore
 	owner     string
-	keyHeader string                 // what Operation.KeyHeader records
-	newKey    func() (string, error) // makes a key in the provider's format
+	keyHeader string // what Operation.KeyHeader records
+	// headerNamed says the application named keyHeader (WithKeyHeader,
+	// WithProvider): a record without a key header of its own is sent
+	// under it; otherwise it is refused (errUnknownKeyHeader).
+	headerNamed bool
+	newKey      func() (string, error) // makes a key in the provider's format
 	// refused, if set, is why this Client may not use the journal (its
 	// policy conflicts with the journal's): every call fails with it.
 	refused      error
@@ -108,6 +113,26 @@ func (j *journal) stamp(op *Operation) {
 	op.KeyHeader = j.keyHeader
 }
 
+// errUnknownKeyHeader says why a record without a key header of its own
+// (written before Operation.KeyHeader existed) is not sent by a Client
+// left at the default header: its header is unknown, and a guess would
+// send the key where the provider does not read it (a new operation).
+var errUnknownKeyHeader = errors.New("idem: the record was journaled before records kept their key header, and this Client names none: " +
+	"open it with the header it was sent with (WithKeyHeader or WithProvider) to send it again")
+
+// sendHeader returns the header rec's key travels in: the one it was
+// journaled with, or for a record from before records kept one, the
+// header the application named; an error when it named none.
+func (j *journal) sendHeader(rec *Operation) (string, error) {
+	switch {
+	case rec.KeyHeader != "":
+		return http.CanonicalHeaderKey(rec.KeyHeader), nil
+	case j.headerNamed:
+		return j.keyHeader, nil
+	}
+	return "", errUnknownKeyHeader
+}
+
 // checkReserve returns why op may not be reserved, or nil. It is the
 // journal's check of every record it passes to Reserve, which no store
 // repeats.
@@ -119,10 +144,13 @@ func checkReserve(op *Operation) error {
 // text is cut at a character boundary and ends with "…".
 const maxErrText = 2048
 
-// recordedText returns s as a record keeps an error text: valid UTF-8
-// (invalid bytes become U+FFFD), without NUL bytes, and at most maxErrText
-// bytes long. Every store then holds the same text, whatever its format.
+// recordedText returns s as a record keeps an error text: its URLs
+// redacted (RedactText: a base transport's error may quote the request's
+// URL with its query), valid UTF-8 (invalid bytes become U+FFFD), without
+// NUL bytes, and at most maxErrText bytes long. Every store then holds the
+// same text, whatever its format.
 func recordedText(s string) string {
+	s = secrets.redactText(s)
 	if len(s) <= maxErrText && utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
 		return s // the common case costs no allocation
 	}
@@ -144,7 +172,7 @@ func (j *journal) finish(ctx context.Context, rec *Operation, o Outcome) error {
 	if !o.State.Finished() {
 		return fmt.Errorf("idem: finish %q: state %s is not final", rec.Key, o.State)
 	}
-	o.Sent = max(o.Sent, 0)
+	o.Sent = max(o.Sent, -1) // -1 withdraws a start it counted (Outcome.Sent)
 	o.URL = TrimQuery(rec.URL)
 	o.Err = recordedText(o.Err)
 	o.Owner = j.owner // only the holder's outcome is written (KeyStore.Finish)
@@ -379,7 +407,7 @@ func (j *journal) logResumed(rec *Operation, sent bool, status int, err error) {
 		attrs = append(attrs, "http.response.status_code", status)
 	}
 	if err != nil {
-		attrs = append(attrs, "exception.message", err)
+		attrs = append(attrs, "exception.message", errText(err))
 	}
 	j.log.Debug("idem: resume took operation", attrs...)
 }

@@ -213,7 +213,7 @@ func (c *config) matchKey(fp [32]byte, req *http.Request) [32]byte {
 	creds := credSpace[:0]
 	for k, vs := range req.Header {
 		switch ck := http.CanonicalHeaderKey(k); {
-		case c.secret[ck]:
+		case c.isSecretHeader(ck):
 			creds = headerCredentials(creds, ck, vs)
 		case !c.volatile[ck] && ck != c.header:
 			names = append(names, name{ck, k})
@@ -259,7 +259,7 @@ func (c *config) appendCredentials(b []byte, req *http.Request, creds []credenti
 	}
 	if req.URL.RawQuery != "" && c.hasSecretQuery(req.URL.RawQuery) {
 		for k, vs := range req.URL.Query() {
-			if c.secretQuery[k] || c.secretQuery[strings.ToLower(k)] {
+			if c.isSecretQuery(k) {
 				for _, v := range vs {
 					creds = append(creds, credential{'q', k, v, true})
 				}

@@ -79,18 +79,21 @@ func TestNotKeptOutcome(t *testing.T) {
 		original, status int
 		state            State
 		text             string
+		resource         string
 	}{
-		{201, 201, StateSucceeded, "performed by server, answer not kept (original status 201)"},
-		{200, 200, StateSucceeded, "performed by server, answer not kept (original status 200)"},
-		{402, 402, StateFailed, "performed by server, answer not kept (original status 402)"},
-		{303, 303, StateSucceeded, "performed by server, answer not kept (original status 303)"}, // success, as classifyResponse reads a 3xx
-		{500, 500, StateFailed, "performed by server, answer not kept (original status 500)"},
-		{0, 409, StateFailed, "performed by server, answer not kept (status unknown)"},
+		{201, 201, StateSucceeded, "performed by server, answer not kept (original status 201)", ""},
+		{200, 200, StateSucceeded, "performed by server, answer not kept (original status 200)", ""},
+		{402, 402, StateFailed, "performed by server, answer not kept (original status 402)", ""},
+		{303, 303, StateSucceeded, "performed by server, answer not kept (original status 303)", ""}, // success, as classifyResponse reads a 3xx
+		{500, 500, StateFailed, "performed by server, answer not kept (original status 500)", ""},
+		{0, 409, StateFailed, "performed by server, answer not kept (status unknown)", ""},
+		{0, 409, StateSucceeded, "performed by server, answer not kept (conflicting resource PM1)", "PM1"}, // GoCardless: it was created
+		{402, 402, StateFailed, "performed by server, answer not kept (original status 402, conflicting resource PM1)", "PM1"},
 	}
 	for _, tt := range tests {
-		state, status, text := notKeptOutcome(tt.original)
+		state, status, text := notKeptOutcome(tt.original, tt.resource)
 		if state != tt.state || status != tt.status || text != tt.text {
-			t.Errorf("notKeptOutcome(%d) = %s, %d, %q; want %s, %d, %q", tt.original, state, status, text, tt.state, tt.status, tt.text)
+			t.Errorf("notKeptOutcome(%d, %q) = %s, %d, %q; want %s, %d, %q", tt.original, tt.resource, state, status, text, tt.state, tt.status, tt.text)
 		}
 	}
 }

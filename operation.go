@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -8,11 +9,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/internal/fingerprint"
 	"github.com/idemgo/idem/internal/wait"
 )
 
@@ -37,32 +41,49 @@ type operation struct {
 	// request under its key may have been performed.
 	resend bool
 	// prior is the record's state and status before this call reopened it.
-	prior      State
-	priorCode  int
-	ids        flights
-	live       bool
-	wrote      atomic.Int32 // requests written, counted by httptrace
-	replayMu   sync.Mutex
-	replayAt   []time.Time // when net/http wrote the last attempt's request again
-	reported   int         // AttemptDone events of this call
-	written    int         // requests written by this call
-	unrecorded int         // of those, not yet recorded with Attempt
-	mayHave    bool        // a request of this call may have reached the server
-	status     int         // status of the last response, or 0
-	reason     string      // the classifier's reason for the last attempt
-	once       sync.Once
-	settledAs  State // the state settle recorded, or 0
-	hooks      hookSet
-	doubtful   bool                  // the answer delivered leaves it in doubt
-	notKept    bool                  // the answer is a 409 saying it was performed, answer not kept
-	original   int                   // then, the status the server first sent, or 0
-	match      [32]byte              // its key in recentCalls; zero: none
-	trace      httptrace.ClientTrace // counts the requests written
-	req        http.Request          // the request its attempts send (outgoing)
-	answer     answerBody            // the body handed to the caller
-	first      bytes.Reader          // the body of the first attempt
-	keyValue   [1]string             // the key header's value
-	flight     flightEntry           // its entry in the in-flight set, for a call
+	prior     State
+	priorCode int
+	ids       flights
+	live      bool
+	wrote     atomic.Int32 // requests written, counted by httptrace
+	replayMu  sync.Mutex
+	replayAt  []time.Time // when net/http wrote the last attempt's request again
+	reported  int         // AttemptDone events of this call
+	written   int         // requests written by this call
+	// unrecorded counts the requests written not yet recorded with
+	// Attempt; -1 when the journal counted an attempt as started that
+	// then wrote nothing (a refused connection): the next mark withdraws it.
+	unrecorded int
+	// started is 1 while the journal counts the attempt under way (or the
+	// next one) as started: the first attempt of a new operation, counted
+	// by its reservation, or one a mark before it counted (starting). Its
+	// first request written is then already counted.
+	started int
+	marked  bool // the last attempt's outcome is recorded (recordAttempt)
+	// keyed, for a provider whose key travels in the JSON body
+	// (Provider.BodyKeyField), returns the caller's body with the key
+	// written into it: what is journaled and sent.
+	keyed func(key string) []byte
+	// bodyChanged is set when an attempt's body, too large to journal,
+	// streamed other bytes than its fingerprint's (verified).
+	bodyChanged atomic.Bool
+	mayHave     bool   // a request of this call may have reached the server
+	status      int    // status of the last response, or 0
+	reason      string // the classifier's reason for the last attempt
+	once        sync.Once
+	settledAs   State // the state settle recorded, or 0
+	hooks       hookSet
+	doubtful    bool                  // the answer delivered leaves it in doubt
+	notKept     bool                  // the answer is a 409 saying it was performed, answer not kept
+	original    int                   // then, the status the server first sent, or 0
+	resource    string                // and the resource it made under the key, or ""
+	match       [32]byte              // its key in recentCalls; zero: none
+	trace       httptrace.ClientTrace // counts the requests written
+	req         http.Request          // the request its attempts send (outgoing)
+	answer      answerBody            // the body handed to the caller
+	first       bytes.Reader          // the body of the first attempt
+	keyValue    [1]string             // the key header's value
+	flight      flightEntry           // its entry in the in-flight set, for a call
 
 	// rewind returns the body of an attempt after the first; outgoing
 	// sets it with the request it builds.
@@ -172,6 +193,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if err := checkReserve(op); err != nil {
 		return nil, &Error{Name: op.Name, Cause: ErrInvalidKey, Err: err}
 	}
+	if o.keyed != nil { // the key travels in the body: journal it there
+		op.Body = o.keyed(op.Key)
+	}
 	rec, created, err := j.store.Reserve(ctx, *op)
 	if errors.Is(err, ErrOutcomeUnknown) { // op.Key may be journaled: in doubt
 		return nil, &Error{Key: op.Key, Name: op.Name, State: StatePending, Cause: ErrOutcomeUnknown, Err: err}
@@ -182,6 +206,9 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	if created {
 		j.flight.setKey(ids, rec.Key)
 		rec.Header, rec.Body = op.Header, op.Body
+		// The reservation counted the first attempt as started (op.Attempts
+		// is 1): before this call, no request was written under the key.
+		o.started, rec.Attempts = op.Attempts, 0
 		o.hold(rec, *ids, nil)
 		return nil, nil
 	}
@@ -210,6 +237,12 @@ func (o *operation) reserve(ctx context.Context, op *Operation, ids *flights, ma
 	now := j.now()
 	if why := j.tooOld(&rec, now); why != nil {
 		return fail(ErrExpired, why)
+	}
+	if _, err := j.sendHeader(&rec); err != nil {
+		return fail(ErrNotRetryable, err)
+	}
+	if o.keyed != nil && rec.Key != op.Key { // the body carries the record's key
+		op.Body = o.keyed(rec.Key)
 	}
 	got, err := j.store.Acquire(ctx, rec.Key, j.newLease(now), Request{URL: op.URL, Header: op.Header, Body: op.Body})
 	if errors.Is(err, ErrInProgress) {
@@ -264,7 +297,12 @@ func (o *operation) body(n int) (io.ReadCloser, error) {
 func (o *operation) tried(ctx context.Context, tr try) try {
 	tr.count(int(o.wrote.Swap(0)))
 	o.written += tr.writes
-	o.unrecorded += tr.writes
+	w := tr.writes
+	if o.started > 0 { // counted when it started; -1 if it wrote nothing
+		o.started, w = 0, w-1
+	}
+	o.unrecorded += w
+	o.marked = false
 	o.mayHave = o.mayHave || tr.sent && tr.writes > 0
 	o.reason = tr.reason
 	if o.hooks.any() {
@@ -280,7 +318,7 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 	if tr.resp == nil {
 		errText = tr.err.Error()
 	}
-	o.recordAttempt(statusOf(tr.resp), errText, tr.reason)
+	o.recordAttempt(statusOf(tr.resp), errText, tr.reason, true)
 	if o.hooks.any() {
 		o.hooks.retryScheduled(RetryInfo{OperationInfo: o.info(StatePending), Context: ctx, Attempt: o.reported,
 			Delay: wait, Reason: tr.reason, Source: source})
@@ -289,9 +327,12 @@ func (o *operation) retrying(ctx context.Context, tr try, wait time.Duration, so
 
 // recordAttempt records the attempts not yet recorded, with the last
 // outcome and why it did not end the operation; the operation stays
-// pending.
-func (o *operation) recordAttempt(status int, errText, reason string) {
-	a, ok := o.unrecordedAttempt(status, errText, reason)
+// pending. With next (a retry is due) the mark also counts the next
+// attempt as started, so that no mark of its own is needed before it
+// goes (starting makes the mark durable then); a retry whose wait the
+// context cuts short still counts.
+func (o *operation) recordAttempt(status int, errText, reason string, next bool) {
+	a, ok := o.unrecordedAttempt(status, errText, reason, next)
 	if !ok {
 		return
 	}
@@ -300,16 +341,56 @@ func (o *operation) recordAttempt(status int, errText, reason string) {
 	}
 }
 
+// starting runs just before attempt n is sent and makes sure the journal
+// counts it as started, durably, so that a crash while it is on the wire
+// cannot hide it (Attempts, and the Earlier and resend count of the next
+// resend, count every request the server may have seen). The first
+// attempt of a new operation was counted by its reservation, at no cost;
+// a retry by the mark before its wait (recordAttempt). The first attempt
+// of a resend (Resume, a re-drive) gets a mark of its own, "resend",
+// which keeps the record's last status and error. A mark is queued by
+// the store (Attempt returns before its commit); the lease renewal that
+// follows is a write the store makes durable before it returns, and with
+// it every change queued before (the bbolt journal commits in order; a
+// store that does not, such as pgstore's asynchronous marks, keeps the
+// mark as durable as its other attempt marks).
+func (o *operation) starting(n int) {
+	if n == 1 && o.started > 0 {
+		return // counted by the reservation, which was durable before
+	}
+	ctx := context.Background()
+	if o.started == 0 { // a resend's first attempt
+		a := Attempt{Sent: 1, Status: o.rec.LastStatus, Err: o.rec.LastError, Reason: "resend", At: o.j.now(), Owner: o.j.owner}
+		o.started = 1
+		if err := o.j.store.Attempt(ctx, o.rec.Key, a); err != nil {
+			o.j.journalFailed(ctx, o.hooks, o.info(StatePending), WriteAttempt, err)
+			return
+		}
+	}
+	now := o.j.now()
+	if err := o.j.store.Renew(ctx, o.rec.Key, o.j.newLease(now)); err != nil {
+		o.j.journalFailed(ctx, o.hooks, o.info(StatePending), WriteLease, err)
+	}
+}
+
 // unrecordedAttempt returns the Attempt that records the attempts not yet
 // recorded, with the last outcome, and counts them as recorded; it
-// reports false when there are none.
-func (o *operation) unrecordedAttempt(status int, errText, reason string) (Attempt, bool) {
+// reports false when there is nothing to record. With next it also counts
+// the next attempt as started (recordAttempt). An attempt counted as
+// started that wrote nothing (o.unrecorded -1) is withdrawn by the next
+// one's start; with no next one (in doubt) it stays counted, since
+// History's counts are never negative.
+func (o *operation) unrecordedAttempt(status int, errText, reason string, next bool) (Attempt, bool) {
 	o.status = status
-	if o.unrecorded == 0 {
+	if o.marked && o.unrecorded == 0 && !next {
 		return Attempt{}, false
 	}
-	a := Attempt{Sent: o.unrecorded, Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
-	o.unrecorded = 0
+	a := Attempt{Sent: max(o.unrecorded, 0), Status: status, Err: recordedText(errText), Reason: recordedReason(reason), At: o.j.now(), Owner: o.j.owner}
+	if next {
+		a.Sent = o.unrecorded + 1
+		o.started = 1
+	}
+	o.unrecorded, o.marked = 0, true
 	return a, true
 }
 
@@ -346,7 +427,7 @@ func (o *operation) settle(v verdict, status int) {
 		}
 		out := Outcome{State: state, Status: status, Sent: o.unrecorded, At: o.j.now()}
 		if v == performed {
-			out.State, out.Status, out.Err = notKeptOutcome(o.original)
+			out.State, out.Status, out.Err = notKeptOutcome(o.original, o.resource)
 			state = out.State
 		}
 		o.settledAs = state
@@ -400,7 +481,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 		if status >= 200 && status < 300 && cause != nil { // the answer's body was lost
 			_, reason, _ = classifyError(cause)
 		}
-		a, hasAttempt := o.unrecordedAttempt(status, text, reason)
+		a, hasAttempt := o.unrecordedAttempt(status, text, reason, false)
 		now := o.j.now()
 		// The marks themselves run until the lease would have lapsed
 		// anyway; the caller waits for them until its grace ends.
@@ -443,7 +524,7 @@ func (o *operation) leaveInDoubt(status int, cause error) (settled bool) {
 			}
 		}
 		o.j.recent.add(o.match, o.rec.Key)
-		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", text)
+		o.j.log.Warn("idem: operation left in doubt", "idem.key", o.rec.Key, "idem.operation", o.rec.Name, "exception.message", secrets.redactText(text))
 		if o.hooks.any() {
 			o.hooks.inDoubt(o.info(StatePending), cause)
 		}
@@ -466,7 +547,9 @@ func (o *operation) stop(cause, err error) error {
 		return e
 	}
 	e.State = StateFailed
-	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), At: o.j.now()}
+	// Sent withdraws the start the journal counted for an attempt that
+	// wrote nothing (o.unrecorded is 0 or -1 here).
+	out := Outcome{State: StateFailed, Err: "not sent: " + why.Error(), Sent: o.unrecorded, At: o.j.now()}
 	if o.resend {
 		e.State = o.prior
 		out.State, out.Status, out.Err = o.prior, o.priorCode, o.rec.LastError
@@ -535,11 +618,16 @@ func (o *operation) settledMeanwhile() bool {
 func (o *operation) deliver(resp *http.Response, v verdict) *http.Response {
 	o.status = resp.StatusCode
 	if v == performed {
-		o.notKept, o.original = true, notKeptStatus(resp)
+		p, _ := PerformedOf(resp) // a provider's dialect marked it with the resource
+		p.Status = notKeptStatus(resp)
+		o.notKept, o.original, o.resource = true, p.Status, p.Resource
+		setPerformed(resp, p)
+	} else {
+		delete(resp.Header, PerformedHeader) // the server's, not idem's
 	}
 	o.doubtful = o.resend && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden ||
 		resp.StatusCode == http.StatusProxyAuthRequired) ||
-		v == transient && resp.StatusCode == http.StatusConflict
+		v == transient && resp.StatusCode == http.StatusConflict || v == inProgress
 	if resp.Body == nil || resp.Body == http.NoBody {
 		o.received(v)
 		return resp
@@ -564,21 +652,39 @@ func (o *operation) answered(resp *http.Response) State {
 }
 
 // notKeptOutcome returns what the journal records for an operation the
-// server performed without keeping its answer (idemserver's
-// ProblemNotKept), given the status the server first sent (0: unknown):
-// finished, never sent again; succeeded with that status if it was a 2xx
-// or 3xx (what classifyResponse calls success), else failed with it (with 409 when it is unknown); and an error text
+// server performed without keeping (or replaying) its answer: idemserver's
+// ProblemNotKept, given the status the server first sent (0: unknown), or
+// a provider's performed code (GoCardless's idempotent_creation_conflict),
+// given the resource the server made under the key ("": not named). It is
+// finished, never sent again: succeeded with the original status if that
+// was a 2xx or 3xx (what classifyResponse calls success), succeeded with
+// 409 when the server names the resource it made (it was created), else
+// failed with the original status (409 when unknown); and an error text
 // that says the request was performed, so that no one reads "failed" as
 // "not charged" and re-drives it under a new name.
-func notKeptOutcome(original int) (State, int, string) {
-	if original == 0 {
-		return StateFailed, http.StatusConflict, "performed by server, answer not kept (status unknown)"
-	}
-	state := StateFailed
-	if original >= 200 && original < 400 {
+func notKeptOutcome(original int, resource string) (State, int, string) {
+	const text = "performed by server, answer not kept"
+	state, status := StateFailed, original
+	switch {
+	case original >= 200 && original < 400:
 		state = StateSucceeded
+	case original == 0:
+		status = http.StatusConflict
+		if resource != "" {
+			state = StateSucceeded
+		}
 	}
-	return state, original, "performed by server, answer not kept (original status " + strconv.Itoa(original) + ")"
+	var why []string
+	if original != 0 {
+		why = append(why, "original status "+strconv.Itoa(original))
+	}
+	if resource != "" {
+		why = append(why, "conflicting resource "+resource)
+	}
+	if len(why) == 0 {
+		return state, status, text + " (status unknown)"
+	}
+	return state, status, text + " (" + strings.Join(why, ", ") + ")"
 }
 
 // received ends the operation once its answer reached the caller: in
@@ -616,6 +722,81 @@ func (b *answerBody) Close() error {
 	b.o.received(b.v)
 	return err
 }
+
+// verified returns getBody made to check every body it returns against
+// fp, the fingerprint taken of the first: each attempt's body is hashed
+// as it streams, and one whose bytes differ fails its last read (its last
+// bytes are held back until the end is seen, so a server that reads the
+// whole body never gets the other payload whole) and marks the operation,
+// which then stops before any other attempt (changed).
+func (o *operation) verified(getBody func() (io.ReadCloser, error), method, url string, h http.Header, fp [32]byte) func() (io.ReadCloser, error) {
+	// The payload headers, as they are now: the caller may change its
+	// request once RoundTrip returns.
+	ph := make(http.Header, len(fingerprint.PayloadHeaders))
+	for _, k := range fingerprint.PayloadHeaders {
+		if v := h.Values(k); len(v) > 0 {
+			ph[k] = slices.Clone(v)
+		}
+	}
+	return func() (io.ReadCloser, error) {
+		rc, err := getBody()
+		if err != nil {
+			return nil, err
+		}
+		return &verifiedBody{rc: rc, br: bufio.NewReader(rc), s: fingerprint.NewStream(method, url, ph), want: fp, o: o}, nil
+	}
+}
+
+// changed reports a body that streamed other bytes than its fingerprint's.
+func (o *operation) changed() error {
+	if !o.bodyChanged.Load() {
+		return nil
+	}
+	return errBodyChanged
+}
+
+// errBodyChanged is the error the last read of a changed body returns.
+var errBodyChanged = fmt.Errorf("%w (it must return the same bytes every time)", ErrBodyChanged)
+
+// verifiedBody is one attempt's body of a request too large to journal,
+// checked against the fingerprint as it streams.
+type verifiedBody struct {
+	rc   io.ReadCloser
+	br   *bufio.Reader
+	s    *fingerprint.Stream
+	want [32]byte
+	o    *operation
+	done bool
+}
+
+func (v *verifiedBody) Read(p []byte) (int, error) {
+	if v.done {
+		return 0, io.EOF
+	}
+	n, err := v.br.Read(p)
+	v.s.Write(p[:n])
+	if err == nil && n > 0 {
+		if _, perr := v.br.Peek(1); perr == io.EOF {
+			err = io.EOF // p[:n] are the last bytes: check before handing them on
+		} else if perr != nil {
+			return n, nil // the next read reports it
+		}
+	}
+	if err != io.EOF {
+		return n, err
+	}
+	v.done = true
+	if v.s.Sum() != v.want {
+		v.o.bodyChanged.Store(true)
+		return 0, errBodyChanged
+	}
+	if n > 0 {
+		return n, nil
+	}
+	return 0, io.EOF
+}
+
+func (v *verifiedBody) Close() error { return v.rc.Close() }
 
 // info returns the operation's OperationInfo in state.
 func (o *operation) info(state State) OperationInfo {

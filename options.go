@@ -23,6 +23,7 @@ type config struct {
 	base          http.RoundTripper
 	policy        RetryPolicy
 	header        string
+	headerSet     bool // header was named (WithKeyHeader, WithProvider), not left at DefaultHeader
 	keyed         map[string]bool
 	secret        map[string]bool
 	secretQuery   map[string]bool
@@ -93,16 +94,11 @@ var defaultBase = sync.OnceValue(func() http.RoundTripper {
 	return t
 })
 
-// defaultSecretQuery are the query parameters never journaled by default.
-var defaultSecretQuery = []string{"api_key", "apikey", "access_token", "token", "key", "secret", "client_secret", "password", "signature", "sig"}
-
 func newConfig(opts []Option) config {
 	c := config{
 		base:          defaultBase(),
 		header:        DefaultHeader,
 		keyed:         map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		secret:        map[string]bool{"Authorization": true, "Cookie": true, "Proxy-Authorization": true},
-		secretQuery:   make(map[string]bool),
 		maxBody:       DefaultMaxBodySize,
 		resendWindow:  DefaultResendWindow,
 		matchWindow:   DefaultResendMatchWindow,
@@ -114,9 +110,7 @@ func newConfig(opts []Option) config {
 	for _, h := range defaultVolatile {
 		c.volatile[http.CanonicalHeaderKey(h)] = true
 	}
-	for _, q := range defaultSecretQuery {
-		c.secretQuery[q] = true
-	}
+	c.secret, c.secretQuery = defaultSecrets() // see secrets.go
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -212,6 +206,7 @@ func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = http.CanonicalHeaderKey(name)
+			c.headerSet = true
 		}
 	}
 }
@@ -223,29 +218,6 @@ func WithKeyedMethods(methods ...string) Option {
 		c.keyed = make(map[string]bool, len(methods))
 		for _, m := range methods {
 			c.keyed[strings.ToUpper(m)] = true
-		}
-	}
-}
-
-// WithSecretHeaders adds headers that are never written to the journal,
-// besides Authorization, Cookie and Proxy-Authorization. Use
-// WithResumePrepare to add them back to resumed requests.
-func WithSecretHeaders(names ...string) Option {
-	return func(c *config) {
-		for _, n := range names {
-			c.secret[http.CanonicalHeaderKey(n)] = true
-		}
-	}
-}
-
-// WithSecretQueryParams adds URL query parameters that are never written
-// to the journal, besides api_key, apikey, access_token, token, key,
-// secret, client_secret, password, signature and sig. Use
-// WithResumePrepare to add them back to resumed requests.
-func WithSecretQueryParams(names ...string) Option {
-	return func(c *config) {
-		for _, n := range names {
-			c.secretQuery[n] = true
 		}
 	}
 }
@@ -266,7 +238,11 @@ func WithMaxBodyBytes(n int64) Option {
 // name and fingerprint are journaled as for any request, so a name keeps
 // its key and a key never carries two payloads, but the body is not, so
 // Resume cannot send it again after a crash (it reports it instead). A
-// request without GetBody still fails with ErrBodyTooLarge.
+// request without GetBody still fails with ErrBodyTooLarge. GetBody must
+// return the same bytes every time: every attempt's body is hashed as it
+// streams, and one whose bytes differ from the fingerprinted ones is cut
+// before its last bytes and stops the call with ErrBodyChanged (the
+// operation stays in doubt); no attempt follows it.
 func WithUnjournaledLargeBodies() Option { return func(c *config) { c.sendLarge = true } }
 
 // WithResendWindow sets how long after its creation an operation may still

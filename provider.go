@@ -1,12 +1,10 @@
 package idem
 
 import (
-	"bytes"
 	"encoding/hex"
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,29 +12,25 @@ import (
 )
 
 // Provider describes how one API honours idempotency keys: where the key
-// travels, what a key may look like, how long the API remembers it, and
-// how its answers say "in progress", "key reused" and "replayed". It is
-// plain data: use one of the package's profiles (Stripe, PayPal, Adyen,
-// CheckoutCom, Worldline, AmazonPay), copy and adjust one, or build your
-// own, and give it to WithProvider.
+// travels, what a key may look like, how long the API remembers it, which
+// methods it keys, and how its answers say "in progress", "key reused",
+// "performed, answer not kept" and "replayed". It is plain data: use one
+// of the package's profiles (Stripe, StripeV2, PayPal and its per-API
+// profiles, Adyen, GoCardless, CheckoutCom, Worldline, AmazonPay), copy
+// and adjust one, or build your own, and give it to WithProvider.
 //
 // The zero value is a provider that takes idem's defaults everywhere:
 // the Idempotency-Key header, keys of 1 to 255 visible ASCII bytes, an
-// unknown retention (idem's default resend window stays), no codes of its
-// own.
+// unknown retention (idem's default resend window stays), POST and PATCH
+// keyed, no codes of its own.
 //
-// A provider whose key travels in the request body rather than a header,
-// such as Square (an idempotency_key member in the JSON body of each
-// create call, https://developer.squareup.com/docs/working-with-apis/idempotency,
-// retention not published, IDEMPOTENCY_KEY_REUSED for another payload), is
-// out of reach of a transport: idem cannot put a key into a body without
-// changing the payload it fingerprints, and retries with a fresh key from
-// an SDK would be new payments. For such an API, put your own stable key in
-// the body (one per business action, stored before the first attempt, for
-// example the name you would give WithOperation), and send the request
-// through idem with WithOperation or WithKey carrying that same key: idem
-// then journals the request and resends it byte for byte with the key the
-// body already holds (the key header it adds is ignored by Square).
+// A provider whose key travels in a JSON body member rather than a
+// header, such as Square's idempotency_key, is described by BodyKeyField:
+// idem writes the key into the body before it journals and sends it. One
+// whose key travels inside a GraphQL mutation answered with 200 whatever
+// happened (Braintree's GraphQL API) stays out of reach of a transport:
+// the key is one argument among others, and the answer's status says
+// nothing; journal such calls through your own code.
 type Provider struct {
 	// Name names the provider in errors and logs.
 	Name string
@@ -49,32 +43,66 @@ type Provider struct {
 	// KeyChars lists every byte a key may contain. Empty means any visible
 	// ASCII byte (0x21 to 0x7e).
 	KeyChars string
+	// BodyKeyField, if not empty, names the top-level member of the JSON
+	// object body that carries the key (Square's idempotency_key): idem
+	// writes the key there before the request is journaled and first sent,
+	// so the journaled body, every attempt and every resend carry it, and
+	// fingerprints the body without it (a re-drive with the same payload
+	// matches). A body that holds the member already keeps it: its value
+	// is the request's key, as a key on the header would be (WithKey or
+	// WithOperation must then agree with it). A keyed request whose body
+	// is not a JSON object, or is too large to journal, is refused with
+	// ErrInvalidRequest. The key header is sent too.
+	BodyKeyField string
 	// Retention is how long the provider remembers a key after its first
 	// use. Zero means not published, or indefinite: idem's own resend
 	// window stays. Otherwise WithProvider keeps the resend window below it
 	// with a margin (see WithProvider).
 	Retention time.Duration
+	// Methods are the methods whose requests the provider keys, and so
+	// the ones idem journals and sends with a key (WithKeyedMethods).
+	// Empty means idem's default, POST and PATCH.
+	Methods []string
 	// RetryHints are response headers whose value "true" or "false" says
-	// whether the request may be retried (Stripe-Should-Retry). They win
-	// over the status, as idem's built-in Stripe-Should-Retry and
-	// X-Should-Retry do.
+	// whether the request may be retried (Stripe-Should-Retry, Adyen's
+	// transient-error). They win over the status, as idem's built-in
+	// Stripe-Should-Retry and X-Should-Retry do. A "true" on a 4xx that
+	// also carries one of InProgressCodes is read as "in progress".
 	RetryHints []string
 	// InProgressCodes are error codes in a 4xx answer's body meaning "a
 	// request with this key is still being processed": retry later with the
-	// same key.
+	// same key. When attempts run out on such an answer, it is returned and
+	// the operation stays pending (in doubt), never failed.
 	InProgressCodes []string
 	// KeyReusedCodes are error codes in a 4xx answer's body meaning "this
 	// key was used for another request": permanent, never retried.
 	KeyReusedCodes []string
+	// PerformedCodes are error codes in a 4xx answer's body meaning "a
+	// request under this key was performed, and its answer is not
+	// replayed" (GoCardless's idempotent_creation_conflict). Such an answer
+	// is returned as it is, marked with PerformedHeader; nothing is sent
+	// again, and the journal records the operation as performed
+	// (StateSucceeded when the answer names the resource made, see
+	// ResourceField), never pending, never failed.
+	PerformedCodes []string
+	// ResourceField is the JSON member of a performed answer that names
+	// the resource the first request made (GoCardless's
+	// conflicting_resource_id), or "". idem records it in the journal and
+	// in PerformedHeader, so the caller can fetch the resource.
+	ResourceField string
 	// ReplayHeaders are response headers present on a replayed answer
 	// (any value but "false"), not on the first one.
 	ReplayHeaders []string
 	// ReplayStatus, if not zero, is the status a replay carries instead of
-	// the original's.
+	// the original's. It is informational: idem's decisions do not read
+	// it (a replay is classified by its status like any answer).
 	ReplayStatus int
 	// KeepsErrors reports whether the provider stores and replays non-2xx
 	// answers too. When false, a retry after a 4xx or 5xx is performed
-	// anew: a replayed error never comes back.
+	// anew: a replayed error never comes back. It is informational: idem
+	// retries by status and codes alone, which is safe either way, since a
+	// resend under the same key is never a second operation while the
+	// provider remembers the key.
 	KeepsErrors bool
 	// Source is where the facts above come from (documentation URLs), and
 	// Checked when they were last read there. Unverified lists the facts
@@ -84,7 +112,7 @@ type Provider struct {
 
 // Profiles of providers, as their public documentation described them when
 // Checked. Providers change their rules: check Source before relying on a
-// limit. To adjust one, copy it (p := idem.PayPal; p.Retention = 72 *
+// limit. To adjust one, copy it (p := idem.PayPalOrders; p.Retention = 72 *
 // time.Hour) rather than change the package's value.
 var (
 	// Stripe is Stripe's API v1: Idempotency-Key, up to 255 characters,
@@ -93,9 +121,11 @@ var (
 	// idempotency_key_in_use for a request still running,
 	// idempotency_error for a key reused with other parameters, replays
 	// marked Idempotent-Replayed: true, Stripe-Should-Retry as a hint.
+	// Keys on POST only (a key on GET or DELETE "has no effect"); idem
+	// keys POST and PATCH as by default.
 	//
 	// Source: https://docs.stripe.com/api/idempotent_requests and
-	// https://docs.stripe.com/idempotency, read late 2026. Unverified: the
+	// https://docs.stripe.com/idempotency, read 2026-12-02. Unverified: the
 	// alphabet of keys (any visible ASCII is assumed).
 	Stripe = Provider{
 		Name: "Stripe", Header: "Idempotency-Key", KeyMaxLen: 255,
@@ -103,62 +133,202 @@ var (
 		InProgressCodes: []string{"idempotency_key_in_use"}, KeyReusedCodes: []string{"idempotency_error"},
 		ReplayHeaders: []string{"Idempotent-Replayed"}, KeepsErrors: true,
 		Source:     "https://docs.stripe.com/api/idempotent_requests https://docs.stripe.com/idempotency",
-		Checked:    "2026-12",
+		Checked:    "2026-12-02",
 		Unverified: "key alphabet",
 	}
 
-	// PayPal is PayPal's REST APIs (Orders v2): PayPal-Request-Id, up to
-	// 108 characters, kept 6 hours for Orders v2 (up to 72 hours on
-	// request to PayPal), the latest status of the first request returned
-	// for a reused key whatever the payload, two simultaneous requests:
-	// PayPal "might fail the second", no replay marker. With this profile
-	// idem's resend window is 5 hours.
+	// StripeV2 is Stripe's API v2 (the /v2 namespace): Idempotency-Key on
+	// POST and DELETE, keys honoured for 30 days, and a failed or
+	// partially failed first request worked to completion on a retry
+	// (re-executed, not replayed): a successful operation is never
+	// repeated. idem keys POST and DELETE with it and journals both. With
+	// this profile idem's resend window may run to 30 days less an hour.
 	//
-	// Source: https://developer.paypal.com/api/rest/reference/idempotency/
-	// and the Orders v2 reference
-	// (https://developer.paypal.com/docs/api/orders/v2/), read late 2026.
-	// Unverified: the key alphabet, the answer to a concurrent request, and
-	// whether failed requests are kept.
-	PayPal = Provider{
-		Name: "PayPal", Header: "PayPal-Request-Id", KeyMaxLen: 108,
-		Retention:  6 * time.Hour,
-		Source:     "https://developer.paypal.com/api/rest/reference/idempotency/ https://developer.paypal.com/docs/api/orders/v2/",
-		Checked:    "2026-12",
-		Unverified: "key alphabet; answer to a concurrent request; whether errors are kept",
+	// Source: https://docs.stripe.com/api-v2-overview#idempotency and
+	// https://docs.stripe.com/api/idempotent_requests?api-version=2026-09-30.preview
+	// ("With API v2, retries don't repeat successful operations. Stripe
+	// retries failed or partially failed work to completion"), read
+	// 2026-12-02. Unverified: the 30 days and the keyed DELETE (the
+	// overview's idempotency section was not in the text we could read;
+	// both are as issue 31 quotes it), the answer to a concurrent request,
+	// the longest key (255 assumed, as v1).
+	StripeV2 = Provider{
+		Name: "Stripe API v2", Header: "Idempotency-Key", KeyMaxLen: 255,
+		Retention: 30 * 24 * time.Hour, Methods: []string{http.MethodPost, http.MethodDelete},
+		RetryHints:    []string{"Stripe-Should-Retry"},
+		ReplayHeaders: []string{"Idempotent-Replayed"},
+		Source:        "https://docs.stripe.com/api-v2-overview#idempotency https://docs.stripe.com/api/idempotent_requests?api-version=2026-09-30.preview",
+		Checked:       "2026-12-02",
+		Unverified:    "30-day retention and keyed DELETE (as issue 31 quotes the overview); concurrent answer; longest key",
 	}
 
-	// Adyen is Adyen's APIs: Idempotency-Key, up to 64 characters, kept at
-	// least 31 days per company account (a key is not shared across
-	// regional live endpoints), the key echoed in the answer.
+	// PayPal is PayPal's REST APIs when the API family is not known:
+	// PayPal-Request-Id, up to 108 characters, and the shortest retention
+	// any family documents, 3 hours (Payment Method Tokens v3, the vault;
+	// Payment Experience v1), so that no resend is ever a new request.
+	// With it idem's resend window is 2.5 hours. PayPal returns "the
+	// latest status of the previous request" for a reused key;
+	// PAYPAL_REQUEST_ID_PREVIOUSLY_USED (vault v3) and DUPLICATE_REQUEST_ID
+	// (Payments v1, Payment Experience v1) say a key was used for another
+	// request: final. Two simultaneous requests: PayPal "might fail the
+	// second". Use the profile of your API (PayPalOrders, PayPalVault,
+	// PayPalSubscriptions, PayPalPaymentsV1, PayPalPaymentsV2) for its
+	// own retention.
+	//
+	// Source: https://developer.paypal.com/api/rest/reference/idempotency/
+	// ("see the reference for your API" for how long the ID is stored),
+	// https://developer.paypal.com/api/payment-tokens/v3/errors/paypal_request_id_previously_used,
+	// https://developer.paypal.com/api/payment-experience/v1/errors/duplicate_request_id,
+	// read 2026-12-02. Unverified: the per-API retentions (from PayPal's
+	// OpenAPI specifications as issue 31 quotes them; the pages we could
+	// read do not state them), the key alphabet, the status of the
+	// key-reused answers and of a concurrent request.
+	PayPal = Provider{
+		Name: "PayPal", Header: "PayPal-Request-Id", KeyMaxLen: 108,
+		Retention:      3 * time.Hour,
+		KeyReusedCodes: []string{"PAYPAL_REQUEST_ID_PREVIOUSLY_USED", "DUPLICATE_REQUEST_ID"},
+		Source:         "https://developer.paypal.com/api/rest/reference/idempotency/ https://developer.paypal.com/api/payment-tokens/v3/errors/paypal_request_id_previously_used https://developer.paypal.com/api/payment-experience/v1/errors/duplicate_request_id",
+		Checked:        "2026-12-02",
+		Unverified:     "per-API retentions (issue 31's reading of PayPal's OpenAPI specifications); key alphabet; statuses of the key-reused and concurrent answers",
+	}
+
+	// PayPalOrders is PayPal's Orders v2: as PayPal, kept 6 hours (up to
+	// 72 hours on request to PayPal): a resend window of 5 hours.
+	//
+	// Source: https://developer.paypal.com/docs/api/orders/v2/, read late
+	// 2026 (recorded in idem's earlier profile). Unverified: as PayPal.
+	PayPalOrders = paypal("PayPal Orders v2", 6*time.Hour, "https://developer.paypal.com/docs/api/orders/v2/")
+
+	// PayPalVault is PayPal's Payment Method Tokens v3 (the vault): as
+	// PayPal, kept 3 hours, PAYPAL_REQUEST_ID_PREVIOUSLY_USED for a key
+	// used by another request: a resend window of 2.5 hours.
+	//
+	// Source: https://developer.paypal.com/api/payment-tokens/v3/ and its
+	// error page for PAYPAL_REQUEST_ID_PREVIOUSLY_USED, read 2026-12-02.
+	// Unverified: the 3 hours (issue 31's reading of the OpenAPI
+	// specification).
+	PayPalVault = paypal("PayPal Payment Method Tokens v3", 3*time.Hour, "https://developer.paypal.com/api/payment-tokens/v3/ https://developer.paypal.com/api/payment-tokens/v3/errors/paypal_request_id_previously_used")
+
+	// PayPalSubscriptions is PayPal's Subscriptions v1: as PayPal, kept
+	// 72 hours. Unverified: the 72 hours (issue 31's reading of the
+	// OpenAPI specification).
+	PayPalSubscriptions = paypal("PayPal Subscriptions v1", 72*time.Hour, "https://developer.paypal.com/docs/api/subscriptions/v1/")
+
+	// PayPalPaymentsV1 is PayPal's Payments v1 (deprecated): as PayPal,
+	// kept 30 days, DUPLICATE_REQUEST_ID for a key used by another request.
+	// Unverified: the 30 days (issue 31's reading of the OpenAPI
+	// specification).
+	PayPalPaymentsV1 = paypal("PayPal Payments v1", 30*24*time.Hour, "https://developer.paypal.com/api/deprecated/payments/v1/errors/duplicate_request_id")
+
+	// PayPalPaymentsV2 is PayPal's Payments v2 (authorizations, captures,
+	// refunds): as PayPal, kept 45 days. Unverified: the 45 days (issue
+	// 31's reading of the OpenAPI specification).
+	PayPalPaymentsV2 = paypal("PayPal Payments v2", 45*24*time.Hour, "https://developer.paypal.com/docs/api/payments/v2/")
+
+	// Adyen is Adyen's APIs: Idempotency-Key on POST, up to 64 characters,
+	// kept per company account (a key is not shared across regional live
+	// endpoints), the key echoed in the answer, the first answer returned
+	// to a retry of a request already processed. A duplicate that arrives
+	// while the first request is processing gets 422 (or 409) with
+	// errorCode "704" ("request already processed or in progress") and a
+	// transient-error: true header: retried with the same key, and left in
+	// doubt (pending) when attempts run out. Retention: Adyen's current
+	// page says 7 to 14 days (older versions said at least 31 days); the
+	// profile takes 7 days, a resend window of 7 days less an hour.
 	//
 	// Source: https://docs.adyen.com/development-resources/api-idempotency,
-	// read late 2026. Unverified: the key alphabet, the answers to a
-	// concurrent request and to another payload (no codes are taught), and
-	// whether errors are kept.
+	// read 2026-12-02. Unverified: the 7-day retention, the 704 code and
+	// the transient-error header (the "Error handling" section of the page
+	// was cut from the text we could read; as issue 31 quotes it; the
+	// older page confirms the 31 days and that section's heading), the
+	// key alphabet, the answer to another payload, whether errors are kept.
 	Adyen = Provider{
 		Name: "Adyen", Header: "Idempotency-Key", KeyMaxLen: 64,
-		Retention:  31 * 24 * time.Hour,
-		Source:     "https://docs.adyen.com/development-resources/api-idempotency",
-		Checked:    "2026-12",
-		Unverified: "key alphabet; concurrent and other-payload answers; whether errors are kept",
+		Retention:       7 * 24 * time.Hour,
+		RetryHints:      []string{"Transient-Error"},
+		InProgressCodes: []string{"704"},
+		Source:          "https://docs.adyen.com/development-resources/api-idempotency",
+		Checked:         "2026-12-02",
+		Unverified:      "7-day retention, 704 and transient-error (as issue 31 quotes the page); key alphabet; other-payload answer; whether errors are kept",
+	}
+
+	// GoCardless is GoCardless's Pro API: Idempotency-Key on every create
+	// call (POST). A key a resource was already created under is answered
+	// 409, error type invalid_state, errors[].reason
+	// idempotent_creation_conflict, with links.conflicting_resource_id
+	// naming the resource: the request was performed and its answer is not
+	// replayed. idem returns that 409 as it is, marked with
+	// PerformedHeader (resource=...), sends nothing more, and records the
+	// operation as succeeded with the text "performed by server, answer
+	// not kept (conflicting resource PM...)": fetch the resource for its
+	// state, as GoCardless's SDKs do (Ruby: on_idempotency_conflict:
+	// :fetch; Node: IdempotentCreationConflictError).
+	//
+	// Source: https://gocardless.com/blog/idempotency-keys/ (the 409
+	// answer), https://rubydoc.info/gems/gocardless_pro/3.6.0/GoCardlessPro/InvalidStateError
+	// (idempotent_creation_conflict, conflicting_resource_id) and
+	// https://github.com/gocardless/gocardless-nodejs, read 2026-12-02.
+	// Unverified: the retention (not found: idem's default 23-hour window
+	// stays), the longest key (idempotency_key_too_long exists, its limit
+	// was not found: 255 assumed), the answer to a concurrent request,
+	// the key alphabet.
+	GoCardless = Provider{
+		Name: "GoCardless", Header: "Idempotency-Key",
+		PerformedCodes: []string{"idempotent_creation_conflict"}, ResourceField: "conflicting_resource_id",
+		Source:     "https://gocardless.com/blog/idempotency-keys/ https://rubydoc.info/gems/gocardless_pro/3.6.0/GoCardlessPro/InvalidStateError https://github.com/gocardless/gocardless-nodejs",
+		Checked:    "2026-12-02",
+		Unverified: "retention; longest key; concurrent answer; key alphabet",
+	}
+
+	// Square is Square's API: the key travels in the JSON body's
+	// idempotency_key member of each create call (BodyKeyField), which
+	// idem writes before the request is journaled and first sent; the
+	// same key with the same request returns the first successful answer,
+	// and with another request an error (IDEMPOTENCY_KEY_REUSED, final).
+	// Square does not publish how long it keeps keys: idem's default
+	// 23-hour window stays. Keys up to 45 characters (CreatePayment's
+	// limit, the shortest we know of; a UUID fits).
+	//
+	// Source: https://developer.squareup.com/docs/working-with-apis/idempotency
+	// and Square's answer on its forum ("We do not publish a retention
+	// period for CreatePayment idempotency keys",
+	// https://developer.squareup.com/forums/t/how-long-are-idempotency-keys-retained-for-the-createpayment-endpoint/28303),
+	// read 2026-12-02. Unverified: the 45-character limit (per endpoint in
+	// Square's API reference, not read here), the status of
+	// IDEMPOTENCY_KEY_REUSED, the answer to a concurrent request, whether
+	// errors are kept.
+	Square = Provider{
+		Name: "Square", BodyKeyField: "idempotency_key", KeyMaxLen: 45,
+		KeyReusedCodes: []string{"IDEMPOTENCY_KEY_REUSED"},
+		Source:         "https://developer.squareup.com/docs/working-with-apis/idempotency https://developer.squareup.com/forums/t/how-long-are-idempotency-keys-retained-for-the-createpayment-endpoint/28303",
+		Checked:        "2026-12-02",
+		Unverified:     "45-character limit; status of IDEMPOTENCY_KEY_REUSED; concurrent answer; whether errors are kept; retention (not published)",
 	}
 
 	// CheckoutCom is Checkout.com's API: Cko-Idempotency-Key, keys kept
 	// 24 hours (production and sandbox; longer on request), only 2xx
-	// results kept (after a 4xx or 5xx the payment is attempted again), 409
-	// for a request still running (older documentation said 429), and a
-	// replay answered 202 with the original response body.
+	// results kept (after a 4xx or 5xx the payment is attempted again), a
+	// replay answered with the original status and body, and a concurrent
+	// request under the same key answered 429 (which idem retries, as any
+	// 429).
 	//
 	// Source: https://www.checkout.com/docs/payments/manage-payments/idempotency
-	// and https://support.checkout.com/hc/en-us/articles/26763450855186,
-	// read late 2026. Unverified: the longest key (not published; 255
-	// assumed), the key alphabet, the answer to another payload.
+	// (last updated February 12, 2025) and
+	// https://checkout.com/docs/payments/manage-payments/retry-a-payment
+	// (last updated January 7, 2026), read 2026-12-02. Unverified: the 429
+	// (both pages' text we could read cut off at "If we detect concurrent
+	// requests with the same idempotency key, only one request is"; as
+	// issue 31 quotes them), the longest key (not published; 255
+	// assumed), the key alphabet, the answer to another payload. The
+	// earlier profile's 409 for a running request and 202 replay, from a
+	// support article (https://support.checkout.com/hc/en-us/articles/26763450855186),
+	// could not be confirmed and are dropped.
 	CheckoutCom = Provider{
 		Name: "Checkout.com", Header: "Cko-Idempotency-Key",
-		Retention: 24 * time.Hour, ReplayStatus: http.StatusAccepted,
-		Source:     "https://www.checkout.com/docs/payments/manage-payments/idempotency https://support.checkout.com/hc/en-us/articles/26763450855186",
-		Checked:    "2026-12",
-		Unverified: "longest key; key alphabet; other-payload answer",
+		Retention:  24 * time.Hour,
+		Source:     "https://www.checkout.com/docs/payments/manage-payments/idempotency https://checkout.com/docs/payments/manage-payments/retry-a-payment",
+		Checked:    "2026-12-02",
+		Unverified: "429 for a concurrent request (cut from the text we read); longest key; key alphabet; other-payload answer",
 	}
 
 	// Worldline is Worldline Direct: X-GCS-Idempotence-Key, up to 40 ASCII
@@ -201,6 +371,15 @@ var (
 	}
 )
 
+// paypal returns the PayPal profile of one API family, kept retention.
+func paypal(name string, retention time.Duration, source string) Provider {
+	p := PayPal
+	p.Name, p.Retention = name, retention
+	p.Source = source + " " + PayPal.Source
+	p.Unverified = "retention (issue 31's reading of PayPal's OpenAPI specification); key alphabet; statuses of the key-reused and concurrent answers"
+	return p
+}
+
 // WithProvider makes the Client speak p's dialect:
 //
 //   - the key travels in p.Header;
@@ -212,20 +391,29 @@ var (
 //   - the resend window stays below p.Retention by a margin of an hour
 //     (a sixth of the retention when that is shorter), whatever
 //     WithResendWindow says: past the provider's retention a resend would
-//     be a second charge. PayPal's 6 hours give a window of 5 hours;
-//   - p's retry hints and error codes teach the classifier when to retry.
+//     be a second charge. PayPal's 3 hours give a window of 2.5 hours,
+//     PayPalOrders' 6 hours one of 5 hours;
+//   - the methods p keys (p.Methods, when it names them) are the keyed
+//     methods, as WithKeyedMethods sets them (StripeV2: POST and DELETE);
+//   - p's retry hints and error codes teach the classifier when to retry,
+//     when an answer means "in progress", and when it means "performed".
 //
-// A later WithKeyHeader still changes the header. The zero Provider changes
-// nothing.
+// A later WithKeyHeader or WithKeyedMethods still changes the header or the
+// methods. The zero Provider changes nothing.
 func WithProvider(p Provider) Option {
 	// The profile's slices are copied: a change to the package's profile
 	// after this call does not reach the Client.
 	p.RetryHints, p.InProgressCodes = slices.Clone(p.RetryHints), slices.Clone(p.InProgressCodes)
 	p.KeyReusedCodes, p.ReplayHeaders = slices.Clone(p.KeyReusedCodes), slices.Clone(p.ReplayHeaders)
+	p.PerformedCodes, p.Methods = slices.Clone(p.PerformedCodes), slices.Clone(p.Methods)
 	return func(c *config) {
 		c.provider = &p
 		if p.Header != "" {
 			c.header = http.CanonicalHeaderKey(p.Header)
+			c.headerSet = true
+		}
+		if len(p.Methods) > 0 {
+			WithKeyedMethods(p.Methods...)(c)
 		}
 	}
 }
@@ -357,40 +545,34 @@ func (c *config) classify(resp *http.Response) (verdict, string) {
 	return classifyResponse(resp)
 }
 
-// classify reads p's retry hints on any failed answer, and p's codes in a
-// 4xx body's first bytes (peekBody: bounded in bytes and time, put back
-// for the caller). It reports false when p says nothing about resp.
+// classify reads p's dialect (see read) in a failed answer: its headers,
+// and for a 4xx whose codes p teaches, the body's first bytes (peekBody:
+// bounded in bytes and time, put back for the caller). It reports false
+// when p says nothing about resp. An answer p reads as performed carries
+// PerformedHeader from here on, with the resource p found.
 func (p *Provider) classify(resp *http.Response) (verdict, string, bool) {
 	code := resp.StatusCode
 	if code < 400 {
 		return 0, "", false
 	}
-	for _, h := range p.RetryHints {
-		switch strings.ToLower(strings.TrimSpace(resp.Header.Get(h))) {
-		case "true":
-			return transient, strconv.Itoa(code) + " " + http.CanonicalHeaderKey(h) + ": true", true
-		case "false":
-			return permanent, strconv.Itoa(code) + " " + http.CanonicalHeaderKey(h) + ": false", true
-		}
+	var peek []byte
+	if code < 500 && len(p.InProgressCodes)+len(p.KeyReusedCodes)+len(p.PerformedCodes) > 0 {
+		peek, _ = peekBody(resp) // nil when there is none, or it stalled
 	}
-	if code >= 500 || len(p.InProgressCodes)+len(p.KeyReusedCodes) == 0 || resp.Body == nil || resp.Body == http.NoBody {
+	r, ok := p.read(code, resp.Header, peek)
+	if !ok {
 		return 0, "", false
 	}
-	peek, pb := peekBody(resp)
-	if pb == nil {
-		return 0, "", false
+	if r.v == performed {
+		setPerformed(resp, Performed{Resource: r.resource})
 	}
-	// A code is matched as a whole JSON string, wherever the provider puts
-	// it (code, type, error.code, errors[].code, reasonCode, ...).
-	for _, k := range p.KeyReusedCodes {
-		if bytes.Contains(peek, []byte(`"`+k+`"`)) {
-			return permanent, strconv.Itoa(code) + " key reused (" + k + ")", true
-		}
+	return r.v, r.reason, true
+}
+
+// setPerformed marks resp with PerformedHeader.
+func setPerformed(resp *http.Response, p Performed) {
+	if resp.Header == nil {
+		resp.Header = make(http.Header, 1)
 	}
-	for _, k := range p.InProgressCodes {
-		if bytes.Contains(peek, []byte(`"`+k+`"`)) {
-			return transient, strconv.Itoa(code) + " in progress (" + k + ")", true
-		}
-	}
-	return 0, "", false
+	resp.Header[PerformedHeader] = []string{p.String()}
 }

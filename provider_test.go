@@ -22,6 +22,10 @@ import (
 var profiles = map[string]idem.Provider{
 	"Stripe": idem.Stripe, "PayPal": idem.PayPal, "Adyen": idem.Adyen,
 	"CheckoutCom": idem.CheckoutCom, "Worldline": idem.Worldline, "AmazonPay": idem.AmazonPay,
+	"StripeV2": idem.StripeV2, "GoCardless": idem.GoCardless, "PayPalOrders": idem.PayPalOrders,
+	"PayPalVault": idem.PayPalVault, "PayPalSubscriptions": idem.PayPalSubscriptions,
+	"PayPalPaymentsV1": idem.PayPalPaymentsV1, "PayPalPaymentsV2": idem.PayPalPaymentsV2,
+	// idem.Square's key travels in the body: TestSquareKeyInTheBody.
 }
 
 // TestProviderProfilesSendTheirHeaderAndKeys sends two payments under each
@@ -103,11 +107,14 @@ func TestProviderRefusesCallersKeyOfWrongFormat(t *testing.T) {
 }
 
 // TestPayPalOperationNotResentAfterWindow leaves a payment in doubt and
-// resumes it after 4 and after 5½ hours under the PayPal profile, which
-// keeps keys 6 hours: the first is resent with its key, the second is
-// expired and nothing is sent. Without the profile (or with a longer
+// resumes it after 4 and after 5½ hours under the PayPalOrders profile,
+// which keeps keys 6 hours: the first is resent with its key, the second
+// is expired and nothing is sent. Without the profile (or with a longer
 // WithResendWindow after it) idem's 23 hours would resend it after PayPal
 // forgot the key; the control checks that it does without the profile.
+// The PayPal profile, for any PayPal API, is safe for the vault's 3 hours:
+// a resend after 2 hours goes, one after 4 hours (a new request to the
+// vault) does not.
 func TestPayPalOperationNotResentAfterWindow(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -115,9 +122,12 @@ func TestPayPalOperationNotResentAfterWindow(t *testing.T) {
 		after  time.Duration
 		resent bool
 	}{
-		{"PayPal/4h", []idem.Option{idem.WithProvider(idem.PayPal)}, 4 * time.Hour, true},
-		{"PayPal/5h30m", []idem.Option{idem.WithProvider(idem.PayPal)}, 5*time.Hour + 30*time.Minute, false},
-		{"PayPal+WithResendWindow(23h)/5h30m", []idem.Option{idem.WithProvider(idem.PayPal), idem.WithResendWindow(23 * time.Hour)}, 5*time.Hour + 30*time.Minute, false},
+		{"PayPalOrders/4h", []idem.Option{idem.WithProvider(idem.PayPalOrders)}, 4 * time.Hour, true},
+		{"PayPalOrders/5h30m", []idem.Option{idem.WithProvider(idem.PayPalOrders)}, 5*time.Hour + 30*time.Minute, false},
+		{"PayPalOrders+WithResendWindow(23h)/5h30m", []idem.Option{idem.WithProvider(idem.PayPalOrders), idem.WithResendWindow(23 * time.Hour)}, 5*time.Hour + 30*time.Minute, false},
+		{"PayPal/2h", []idem.Option{idem.WithProvider(idem.PayPal)}, 2 * time.Hour, true},
+		{"PayPal/4h", []idem.Option{idem.WithProvider(idem.PayPal)}, 4 * time.Hour, false},
+		{"PayPalVault/4h", []idem.Option{idem.WithProvider(idem.PayPalVault)}, 4 * time.Hour, false},
 		{"no profile/5h30m", []idem.Option{idem.WithKeyHeader("PayPal-Request-Id")}, 5*time.Hour + 30*time.Minute, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,7 +213,14 @@ func TestProviderReplayed(t *testing.T) {
 
 // TestProviderWindow checks the margin below each retention.
 func TestProviderWindow(t *testing.T) {
-	assert.Equal(t, 5*time.Hour, idem.PayPal.Window())
+	assert.Equal(t, 2*time.Hour+30*time.Minute, idem.PayPal.Window(), "safe for the vault's 3 hours")
+	assert.Equal(t, 2*time.Hour+30*time.Minute, idem.PayPalVault.Window())
+	assert.Equal(t, 5*time.Hour, idem.PayPalOrders.Window())
+	assert.Equal(t, 71*time.Hour, idem.PayPalSubscriptions.Window())
+	assert.Equal(t, 30*24*time.Hour-time.Hour, idem.PayPalPaymentsV1.Window())
+	assert.Equal(t, 45*24*time.Hour-time.Hour, idem.PayPalPaymentsV2.Window())
+	assert.Equal(t, 7*24*time.Hour-time.Hour, idem.Adyen.Window(), "Adyen's current page: 7 to 14 days")
+	assert.Equal(t, 30*24*time.Hour-time.Hour, idem.StripeV2.Window())
 	assert.Equal(t, 23*time.Hour, idem.Stripe.Window())
 	assert.Equal(t, 25*time.Minute, idem.Provider{Retention: 30 * time.Minute}.Window())
 	assert.Zero(t, idem.AmazonPay.Window(), "indefinite: idem's own window stays")

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 )
 
@@ -95,39 +94,6 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-// redactedURL returns u without user info and without the secret query
-// parameters.
-func (c *config) redactedURL(u *url.URL) string {
-	v := *u
-	v.User = nil
-	if v.RawQuery != "" {
-		q := v.Query()
-		for k := range q {
-			if c.secretQuery[k] || c.secretQuery[strings.ToLower(k)] {
-				q.Del(k)
-			}
-		}
-		v.RawQuery = q.Encode()
-	}
-	return v.String()
-}
-
-// hasSecretQuery reports whether a raw query names a secret parameter.
-func (c *config) hasSecretQuery(raw string) bool {
-	for raw != "" {
-		var part string
-		part, raw, _ = strings.Cut(raw, "&")
-		name, _, _ := strings.Cut(part, "=")
-		if n, err := url.QueryUnescape(name); err == nil {
-			name = n
-		}
-		if c.secretQuery[name] || c.secretQuery[strings.ToLower(name)] {
-			return true
-		}
-	}
-	return false
-}
-
 // headerKey returns the key a caller put on the request's header, in any
 // spelling of the header's name.
 func headerKey(h http.Header, name string) string {
@@ -154,6 +120,18 @@ func outgoingHeader(h http.Header, name string, value []string) http.Header {
 		out[k] = v
 	}
 	out[name] = value
+	return out
+}
+
+// withoutHeader returns a copy of h without the header name, in any
+// spelling.
+func withoutHeader(h http.Header, name string) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if !strings.EqualFold(k, name) {
+			out[k] = v
+		}
+	}
 	return out
 }
 

@@ -206,9 +206,9 @@ func (c *Client) resumeOne(ctx context.Context, rec Operation) (resumed, bool) {
 	if err != nil {
 		return notSent(StateFailed, ErrInvalidRequest, err)
 	}
-	keyHeader := rec.KeyHeader // the header the operation was sent with
-	if keyHeader == "" {       // a record from before KeyHeader existed
-		keyHeader = c.t.cfg.header
+	keyHeader, err := j.sendHeader(&rec) // the header the operation was sent with
+	if err != nil {
+		return notSent(StatePending, ErrNotRetryable, err)
 	}
 	if rec.Host != "" {
 		req.Host = rec.Host
@@ -261,7 +261,7 @@ func (c *Client) deliver(r resumed, fn func(Operation, *http.Response, error)) (
 		rec.LastStatus = r.resp.StatusCode
 		rec.State = r.o.answered(r.resp)
 		if r.o.notKept { // the record the journal keeps (see notKeptOutcome)
-			rec.State, rec.LastStatus, rec.LastError = notKeptOutcome(r.o.original)
+			rec.State, rec.LastStatus, rec.LastError = notKeptOutcome(r.o.original, r.o.resource)
 		}
 	} else if errors.As(r.err, &ie) {
 		rec.State = ie.State
@@ -279,7 +279,7 @@ func (c *Client) logOutcome(op Operation, resp *http.Response, err error) {
 		log.Info("idem: resumed operation", "idem.key", op.Key, "idem.operation", op.Name, "http.response.status_code", resp.StatusCode)
 		return
 	}
-	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", err)
+	log.Warn("idem: resumed operation failed", "idem.key", op.Key, "idem.operation", op.Name, "exception.message", errText(err))
 }
 
 // resumeLoop is the background resumer: every interval it resumes the
@@ -296,7 +296,7 @@ func (c *Client) resumeLoop() {
 			return
 		case <-tick.C:
 			if err := c.resume(ctx, every, c.t.cfg.resumeFn); err != nil && ctx.Err() == nil {
-				c.t.cfg.logger.Warn("idem: background resume", "exception.message", err)
+				c.t.cfg.logger.Warn("idem: background resume", "exception.message", errText(err))
 			}
 		}
 	}

@@ -102,6 +102,11 @@ const (
 	// permanent, the caller gets the 409 and nothing is sent again; the
 	// journal records the operation as performed (see notKeptOutcome).
 	performed
+	// inProgress: the provider says a request under the key is still
+	// being processed (Provider.InProgressCodes). It is retried as
+	// transient is; when attempts run out, its answer leaves the
+	// operation in doubt, never failed.
+	inProgress
 )
 
 // classifyResponse returns the verdict for a response and the reason, for

@@ -14,7 +14,7 @@ import (
 // request: a header map and its group, and the URL's text, three
 // allocations of a keyed request. What it hands out is never changed
 // (records keep it as given; stores copy what they return), so
-// operations may share it.
+// operations may share it; and it never holds a caller's value slices.
 type lastRequest struct {
 	mu sync.Mutex
 	// header is a journaled header with value slices of its own, made
@@ -58,9 +58,13 @@ func (c *config) journaledURL(u *url.URL, last *lastRequest) (s string, redacted
 
 // journaledHeader returns the headers worth replaying after a crash: all
 // but the secret ones and the key header (which is re-added from the key),
-// and whether a secret one was removed. Headers with the same content as
-// the last shared ones get those; content seen twice in a row becomes the
-// shared one.
+// and whether a secret one was removed. What it returns is the journal's
+// own: its value slices never alias the caller's, so a caller that edits
+// a header value in place after its call (say, after an error left the
+// operation in doubt) cannot change what a store keeps, whatever the store
+// (the memory store keeps what Reserve is given). Headers with the same
+// content as the last shared ones get those; content seen twice in a row
+// becomes the shared one.
 func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Header, redacted bool) {
 	var shared http.Header
 	if last != nil {
@@ -68,13 +72,13 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 		shared = last.header
 		last.mu.Unlock()
 	}
-	n, same := 0, shared != nil
+	n, nv, same := 0, 0, shared != nil
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
-			redacted = redacted || c.secret[ck]
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
+			redacted = redacted || c.isSecretHeader(ck)
 			continue
 		}
-		n++
+		n, nv = n+1, nv+len(v)
 		if same {
 			sv, ok := shared[k]
 			same = ok && slices.Equal(sv, v)
@@ -83,13 +87,17 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	if same && n == len(shared) {
 		return shared, redacted
 	}
+	// A miss: a header of its own, its values copied into one array (each
+	// entry's slice capped, so that no append reaches its neighbour).
 	out = make(http.Header, n)
+	values := make([]string, 0, nv)
 	var sum uint64 // of the entries, in no order
 	for k, v := range h {
-		if ck := http.CanonicalHeaderKey(k); c.secret[ck] || ck == c.header {
+		if ck := http.CanonicalHeaderKey(k); c.isSecretHeader(ck) || ck == c.header {
 			continue
 		}
-		out[k] = v
+		values = append(values, v...)
+		out[k] = values[len(values)-len(v) : len(values) : len(values)]
 		if last != nil {
 			sum += entrySum(k, v)
 		}
@@ -100,23 +108,11 @@ func (c *config) journaledHeader(h http.Header, last *lastRequest) (out http.Hea
 	last.mu.Lock()
 	again := last.missSum == sum
 	last.missSum = sum
-	last.mu.Unlock()
-	if !again {
-		return out, redacted
+	if again {
+		// The same content twice in a row: out becomes the shared header.
+		// No caller can change it, and no record changes what it holds.
+		last.header = out
 	}
-	// The same content twice in a row: out becomes the shared header,
-	// with value slices of its own, which no caller can change.
-	nv := 0
-	for _, v := range out {
-		nv += len(v)
-	}
-	values := make([]string, 0, nv)
-	for k, v := range out {
-		values = append(values, v...)
-		out[k] = values[len(values)-len(v) : len(values) : len(values)]
-	}
-	last.mu.Lock()
-	last.header = out
 	last.mu.Unlock()
 	return out, redacted
 }

@@ -72,7 +72,8 @@ func (s *thinSpy) Finish(ctx context.Context, key string, o idem.Outcome) error 
 		s.fault("Finish(%s) of no record: %v", key, err)
 	case rec.State != idem.StatePending:
 		s.fault("Finish(%s) of a %s record", key, rec.State)
-	case !o.State.Finished() || o.Sent < 0 || o.At.IsZero() || !recordable(o.Err):
+	case !o.State.Finished() || o.Sent < -1 || rec.Attempts+o.Sent < 0 || o.At.IsZero() || !recordable(o.Err):
+		// -1 withdraws a start the journal counted (Outcome.Sent).
 		s.fault("Finish(%s) got %+v", key, o)
 	case o.Owner == "" || o.Owner != rec.Owner:
 		s.fault("Finish(%s) for owner %q of a record held by %q", key, o.Owner, rec.Owner)

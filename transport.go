@@ -63,6 +63,13 @@ import (
 // can be rewound (no body, or GetBody set). Other requests without a key are
 // retried only when the failure proves nothing reached the server.
 //
+// A request net/http's client made to follow a redirect (its Response is
+// set) goes to another host (host and port) than the first request of its
+// chain without the secret headers (DefaultSecretHeaders and
+// WithSecretHeaders); one that would re-send a keyed request with its body
+// (a 307 or 308 answer to a POST) is refused with ErrRedirected, never
+// sent under a second key. Client.HTTPClient does not follow the latter.
+//
 // Transport is safe for concurrent use. As the RoundTripper contract asks,
 // it closes the request body, also on errors, and does not modify the
 // request. Close every response body, as net/http asks: an answer whose
@@ -95,11 +102,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	keyed := t.cfg.keyed[req.Method] && !withoutKey(req.Context())
+	if req.Response != nil { // net/http's client follows a redirect
+		if keyed {
+			closeBody(req)
+			return nil, fmt.Errorf("%w: %s %s after %d", ErrRedirected, req.Method, secrets.redactText(req.URL.String()), req.Response.StatusCode)
+		}
+		req = t.cfg.redirectRequest(req)
+	}
 	if keyed && !validHeaderName(t.cfg.header) {
 		closeBody(req)
 		return nil, fmt.Errorf("%w: key header name %s is not an HTTP token", ErrInvalidRequest, quote(t.cfg.header))
 	}
 	if !keyed {
+		if err := t.unkeyedAsked(req); err != nil {
+			closeBody(req)
+			return nil, err
+		}
 		return t.roundTripUnkeyed(req)
 	}
 	o, err := t.j.newOperation(hooksFor(req.Context(), t.cfg.hooks), true)
@@ -155,6 +173,11 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	} else {
 		fp = fingerprint.Sum(req.Method, jurl, req.Header, body)
 	}
+	if f := t.cfg.bodyKeyField(); f != "" {
+		if key, src, err = t.keyInBody(o, body, rest != nil, f, key, name, src); err != nil {
+			return nil, &Error{Name: name, Cause: ErrInvalidRequest, Err: err}
+		}
+	}
 	matched := false
 	mk := t.cfg.matchKey(fp, req)
 	if src == keyNew {
@@ -167,6 +190,10 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 		Key: key, Name: name, Method: req.Method, URL: jurl, Fingerprint: fp,
 		Redacted: redacted || secrets, Unreplayable: rest != nil,
 		Header: header, Body: body,
+		// The first attempt counts as started in the reservation that
+		// makes the operation durable, before it is sent: a crash while it
+		// is on the wire cannot hide it (see operation.starting).
+		Attempts: 1,
 	}
 	if req.Host != "" && req.Host != req.URL.Host {
 		op.Host = req.Host
@@ -182,9 +209,56 @@ func (t *Transport) reserve(o *operation, req *http.Request) (*http.Request, err
 	}
 	var large func() (io.ReadCloser, error)
 	if rest != nil {
-		large = someBody(req.GetBody)
+		large = o.verified(someBody(req.GetBody), req.Method, jurl, req.Header, fp)
 	}
-	return t.outgoing(o, req, req.Header, t.cfg.header, large), nil
+	// The key travels in the header the operation was journaled with (a
+	// re-drive of a record from a Client with another key header), never
+	// under a guess; the caller's own key header goes with it.
+	h, kh := req.Header, o.rec.KeyHeader
+	if kh == "" { // begin made sure the Client names a header then
+		kh = t.cfg.header
+	}
+	if kh = http.CanonicalHeaderKey(kh); kh != t.cfg.header {
+		h = withoutHeader(h, t.cfg.header)
+	}
+	return t.outgoing(o, req, h, kh, large), nil
+}
+
+// keyInBody prepares a keyed request for a provider whose key travels in
+// the JSON body's member field (Provider.BodyKeyField): a key the body
+// holds already is the request's key (it must agree with WithKey or the
+// header's, and a named operation's key is the journal's, so a name
+// refuses one); otherwise o writes the key chosen into the body before
+// it is journaled (o.keyed). The fingerprint stays the caller's body's.
+func (t *Transport) keyInBody(o *operation, body []byte, large bool, field, key, name string, src keySource) (string, keySource, error) {
+	if large {
+		return "", src, fmt.Errorf("idem: the key travels in the body's %s member, and the body is over the journal's limit", quote(field))
+	}
+	k, has, err := bodyKey(body, field)
+	switch {
+	case err != nil:
+		return "", src, fmt.Errorf("idem: %w", err)
+	case !has:
+		o.keyed = func(key string) []byte { return withBodyKey(body, field, key) }
+		return key, src, nil
+	case name != "":
+		return "", src, fmt.Errorf("idem: the body's %s member holds a key, and the operation %s has its own: give one of them", quote(field), quote(name))
+	case src != keyNew && k != key:
+		return "", src, fmt.Errorf("idem: the body's %s member holds key %s, and the request's key is %s", quote(field), quote(k), quote(key))
+	}
+	if err := t.cfg.checkKey(k); err != nil {
+		return "", src, fmt.Errorf("idem: the body's %s member: %w", quote(field), err)
+	}
+	return k, keyFromHeader, nil
+}
+
+// bodyKeyField returns the member of the JSON body the key travels in,
+// or "".
+func (c *config) bodyKeyField() string {
+	if c.provider == nil {
+		return ""
+	}
+	return c.provider.BodyKeyField
 }
 
 // outgoing returns the request that o's attempts send, the one place it is
@@ -282,12 +356,19 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 		if b != nil {
 			r.Body = b
 		}
+		c.starting(attempt)
 		tr := try{began: time.Now()}
 		tr.resp, tr.err = t.cfg.base.RoundTrip(r)
 		tr.classify(ctx, t.cfg.classify)
 		tr = c.tried(ctx, tr)
 		tries += max(tr.writes, 1)
 		resp := tr.resp
+		if err := c.changed(); err != nil {
+			if resp != nil {
+				discard(resp)
+			}
+			return nil, c.stop(ErrBodyChanged, err)
+		}
 
 		if tr.v == success || tr.v == permanent || tr.v == performed {
 			if resp != nil {
@@ -309,7 +390,7 @@ func (t *Transport) send(ctx context.Context, c caller, req *http.Request) (*htt
 			if resp != nil {
 				t.cfg.logger.Info("idem: giving up, returning last response", "idem.key", key, "idem.operation", name,
 					"http.response.status_code", resp.StatusCode, "idem.attempts", tries, "idem.reason", tr.reason, "idem.stop", why.Error())
-				return c.deliver(resp, transient), nil
+				return c.deliver(resp, tr.v), nil
 			}
 			return nil, c.stop(why, tr.err)
 		}
@@ -354,6 +435,27 @@ func (t *Transport) nextWait(ctx context.Context, bo *lazyBackOff, host string, 
 	return wait, source, nil
 }
 
+// unkeyedAsked returns an error matching ErrNotKeyed and
+// ErrInvalidRequest when a request the Client does not key asks for a key
+// or an operation name in its context (and not WithoutKey): sending it
+// without either would silently drop the caller's protection.
+func (t *Transport) unkeyedAsked(req *http.Request) error {
+	ctx := req.Context()
+	if withoutKey(ctx) {
+		return nil
+	}
+	what := ""
+	if _, ok := ctx.Value(keyContext{}).(string); ok {
+		what = "WithKey"
+	} else if _, ok := ctx.Value(operationContext{}).(string); ok {
+		what = "WithOperation"
+	} else {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %s on a %s request, a method the Client does not key (WithKeyedMethods or the provider's Methods)",
+		ErrInvalidRequest, ErrNotKeyed, what, req.Method)
+}
+
 // roundTripUnkeyed sends a request that carries no key: an idempotent
 // method, or a non-idempotent one the caller opted out of keys for.
 // Nothing is journaled; the call is counted only while RoundTrip runs.
@@ -390,11 +492,15 @@ func (u *unkeyed) body(n int) (io.ReadCloser, error) {
 
 func (u *unkeyed) tried(_ context.Context, tr try) try {
 	tr.count(0)
-	if tr.v == transient && (u.unsafe && tr.sent || u.rewind == nil) {
+	if (tr.v == transient || tr.v == inProgress) && (u.unsafe && tr.sent || u.rewind == nil) {
 		tr.v = permanent // it may have been performed, or the body is gone
 	}
 	return tr
 }
+
+func (u *unkeyed) starting(int) {}
+
+func (u *unkeyed) changed() error { return nil }
 
 func (u *unkeyed) retrying(context.Context, try, time.Duration, string) {}
 

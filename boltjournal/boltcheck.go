@@ -18,8 +18,8 @@ import (
 const maxReported = 5
 
 // check is Open's check of the records (see Store): every pending
-// record decodes with its body, every name maps to a well-formed key, and
-// every named pending record is found by its name. A record of a newer
+// record decodes with its body, every name maps to a well-formed key that
+// has a record, and every named pending record is found by its name. A record of a newer
 // version is not damage.
 func (f *boltFile) check() error {
 	var bad []error
@@ -65,6 +65,10 @@ func (f *boltFile) check() error {
 				if n != string(name) {
 					note(fmt.Errorf("%w: name %q maps to pending record %q, which is named %q", idemstore.ErrJournalCorrupt, name, key, n))
 				}
+			} else if ops.Get(key) == nil {
+				// Reserve writes a name with its record and Sweep deletes
+				// them together: a name without one is damage.
+				note(fmt.Errorf("%w: name %q maps to %q, which has no record", idemstore.ErrJournalCorrupt, name, key))
 			}
 			return nil
 		})

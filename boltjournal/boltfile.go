@@ -62,6 +62,11 @@ type Options struct {
 	// with Store.Salvage). An application must not set it: the check
 	// is what keeps it from trusting a damaged journal.
 	SkipCheck bool
+	// ReadOnly opens an existing journal for reading only, under a shared
+	// lock, for tools (the idem command's verify, ls, pending, show and
+	// stats): nothing is written to the file, not even a compaction or a
+	// scrub. Every change fails with an error matching ErrJournalWrite.
+	ReadOnly bool
 
 	// beforeCompact runs when Open has decided to compact the journal,
 	// with its lock held. It exists for tests.
@@ -120,6 +125,7 @@ var journalErrors = boltfile.Errors{
 	Locked:  idemstore.ErrJournalLocked,
 	Corrupt: idemstore.ErrJournalCorrupt,
 	Write:   idemstore.ErrJournalWrite,
+	Unknown: idemstore.ErrOutcomeUnknown,
 	Closed:  idemstore.ErrClosed,
 }
 
@@ -127,22 +133,26 @@ var journalErrors = boltfile.Errors{
 // and compacts it if it is mostly free. Only a missing file creates a
 // journal: an existing empty or short file is a lost journal
 // (ErrJournalCorrupt).
-func openFile(path string, timeout time.Duration, beforeCompact func()) (*boltFile, error) {
+func openFile(path string, timeout time.Duration, readOnly bool, beforeCompact func()) (*boltFile, error) {
 	if path == "" {
 		return nil, fmt.Errorf("open journal: %w: empty path", idemstore.ErrJournalWrite)
 	}
 	bf, err := boltfile.Open(path, boltfile.Options{
-		Kind:          "journal",
-		Foreign:       "an idem journal",
-		Errors:        journalErrors,
-		LockTimeout:   timeout,
-		Meta:          bucketMeta,
-		FormatKey:     metaFormatKey,
-		Marker:        metaFormat,
-		CheckFormat:   checkFormat,
-		Buckets:       [][]byte{bucketOps, bucketNames},
-		Compact:       true,
-		BeforeCompact: beforeCompact,
+		Kind:        "journal",
+		Foreign:     "an idem journal",
+		Errors:      journalErrors,
+		LockTimeout: timeout,
+		Meta:        bucketMeta,
+		FormatKey:   metaFormatKey,
+		Marker:      metaFormat,
+		CheckFormat: checkFormat,
+		Buckets:     [][]byte{bucketOps, bucketNames},
+		Compact:     true,
+		ReadOnly:    readOnly,
+		// Format 2 made both buckets with the marker: a missing one was lost,
+		// and with it what the journal knew.
+		BucketsRequired: true,
+		BeforeCompact:   beforeCompact,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open journal %s: %w", path, err)

@@ -27,6 +27,19 @@ import (
 // Pending and Claim wait for queued changes first, so a reader always sees
 // its own writes. Close commits everything queued.
 //
+// A failed commit (see internal/boltfile's File.Update): one whose meta
+// page reached the file may be durable, and its Reserve or Acquire
+// returns an error matching ErrOutcomeUnknown (the caller keeps the key:
+// the operation is in doubt); one that failed before returns
+// ErrJournalWrite (nothing of it is durable). After a failed fsync or an
+// I/O error the store trusts nothing it holds in memory: every later
+// write, queued changes included, fails with ErrJournalWrite until the
+// journal is opened again, so nothing is sent, and nothing is marked
+// finished, on the strength of a commit that failed. Only a full disk
+// (a write or the file's growth refused for space) is not such a failure.
+// A new journal is created whole (see OpenBoltStore's file handling in
+// internal/boltfile) and its directory fsynced before Open returns.
+//
 // Each operation is one record in one B+tree, its request inline while it
 // is pending (a body of 32 KiB or more is stored apart, under the key
 // followed by a NUL byte, in the same B+tree); a finished record keeps no
@@ -52,18 +65,20 @@ import (
 // a file overwritten in place with an older copy is ErrJournalCorrupt, and
 // the store refuses all access. Close reports either.
 //
-// What Open checks: the file's size against its pages and its format
-// marker; then, walking the records and the names once each in key order
-// (which reads every leaf page of both B+trees, so a damaged page is
-// found), that every pending record and its body decode and pass their
-// checksums, that every name maps to a well-formed key, and that every
-// named pending record is found by its name. Finished records, and the
-// names of finished records, are checked when they are read. A record
-// written by a newer idem is no damage: Open accepts it, and Pending and
-// Resume report it (ErrRecordVersion). The walks cost a cursor step per
-// record and name; decoding, only the pending records (about 20 ms for
-// 100,000 finished and 1,000 pending operations, half of them named:
-// BenchmarkOpenCheck).
+// What Open checks: the file's size against its pages, its format
+// marker and its buckets (a journal that lost its ops or names bucket is
+// ErrJournalCorrupt, and is not given an empty one); then, walking the
+// records and the names once each in key order (which reads every leaf
+// page of both B+trees, so a damaged page is found), that every pending
+// record and its body decode and pass their checksums, that every name
+// maps to a well-formed key that has a record, and that every named
+// pending record is found by its name.
+// Finished records, and the names of finished records, are checked when
+// they are read. A record written by a newer idem is no damage: Open
+// accepts it, and Pending and Resume report it (ErrRecordVersion). The
+// walks cost a cursor step per record and name; decoding, only the
+// pending records (about 20 ms for 100,000 finished and 1,000 pending
+// operations, half of them named: BenchmarkOpenCheck).
 //
 // One opener at a time: after taking the file's lock, Open checks that the
 // locked file is still the one at the path (another opener may have
@@ -137,7 +152,7 @@ func Open(path string, o *Options) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	f, err := openFile(path, opt.LockTimeout, opt.beforeCompact)
+	f, err := openFile(path, opt.LockTimeout, opt.ReadOnly, opt.beforeCompact)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +178,7 @@ func Open(path string, o *Options) (*Store, error) {
 			}
 		},
 	})
-	if opt.ScrubDelay > 0 {
+	if opt.ScrubDelay > 0 && !opt.ReadOnly {
 		s.scrubKick = make(chan struct{}, 1)
 		s.scrubStop, s.scrubDone = make(chan struct{}), make(chan struct{})
 		f.kick = s.kickScrub

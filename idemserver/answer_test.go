@@ -81,7 +81,7 @@ func TestNotKept(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := firstThen(tt.first)
-				h := idemserver.New(s).Required(a)
+				h := idemserver.New(s, idemserver.WithSingleTenant()).Required(a)
 				func() {
 					defer func() { recover() }()
 					r := httptest.NewRequest(http.MethodPost, "/v1/orders", strings.NewReader("a"))
@@ -109,7 +109,7 @@ func TestNotKept(t *testing.T) {
 // in a way the middleware cannot see; a retry must not run it again.
 func TestHijackedNotRerun(t *testing.T) {
 	var runs atomic.Int32
-	h := idemserver.New(idemserver.NewMemoryStore()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) > 1 {
 			w.WriteHeader(http.StatusCreated)
 			return
@@ -172,7 +172,7 @@ func TestUnstoredAnswerIs503(t *testing.T) {
 		rs := &refusing{Store: s}
 		rs.refuse.Store(true)
 		a := &app{}
-		h := idemserver.New(rs, idemserver.WithLease(30*time.Second)).Required(a)
+		h := idemserver.New(rs, idemserver.WithSingleTenant(), idemserver.WithLease(30*time.Second)).Required(a)
 		w := do(h, req{key: "k1", body: "a"})
 		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 		p := decodeProblem(t, w)
@@ -195,7 +195,7 @@ func TestStreamNotStoredIsAborted(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		rs := &refusing{Store: s}
 		rs.refuse.Store(true)
-		h := idemserver.New(rs).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idemserver.New(rs, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte("part 1"))
 			w.(http.Flusher).Flush()
 			w.Write([]byte("part 2"))
@@ -243,7 +243,7 @@ func TestStoreCallsBounded(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				st := tt.store
 				st.Store = s
-				h := idemserver.New(&st, idemserver.WithStoreTimeout(2*time.Second)).Required(&app{})
+				h := idemserver.New(&st, idemserver.WithSingleTenant(), idemserver.WithStoreTimeout(2*time.Second)).Required(&app{})
 				start := time.Now()
 				w := do(h, req{key: "k1", body: "a"})
 				assert.Equal(t, http.StatusServiceUnavailable, w.Code)

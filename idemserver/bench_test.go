@@ -62,7 +62,7 @@ func benchMiddleware(b *testing.B, store idemserver.Store, inflight int) {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/bare", handler)
-	mux.Handle("/mw", idemserver.New(store).Required(handler))
+	mux.Handle("/mw", idemserver.New(store, idemserver.WithSingleTenant()).Required(handler))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	tr := &http.Transport{MaxIdleConnsPerHost: inflight}

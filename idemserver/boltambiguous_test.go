@@ -16,10 +16,12 @@ import (
 
 // TestBoltCommitFailedAfterWrite: a bbolt commit whose meta page was
 // written but whose fdatasync failed returns an error, yet the file, as
-// this process reads it, holds the transaction. Complete then reports
-// the failure (the answer is withheld), but the index must still say
-// what the file holds: a key missing from it would run its handler
-// again after its lease, and store a second record of one id.
+// this process reads it, holds the transaction, which may or may not be
+// durable. Complete reports the failure (the answer is withheld). A retry
+// must neither run the handler again (the first run's record may exist)
+// nor get a replay of a record that may not be durable: it is told the
+// key is in flight; and a new key is refused until the store is reopened.
+// The reopened store answers from what the file holds.
 func TestBoltCommitFailedAfterWrite(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	s, err := OpenBoltStore(path, nil)
@@ -57,7 +59,24 @@ func TestBoltCommitFailedAfterWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.State != StateDone || string(c.Response.Body) != "first" {
-		t.Fatalf("retry after the lease: %v, want done with the stored answer (the file holds it): the handler would run again", c.State)
+	if c.State != StateInFlight {
+		t.Fatalf("retry after the lease: %v, want in flight: neither a second run nor a replay of an answer that may not be durable", c.State)
+	}
+	if c, err := beginAt(s, "other", t0.Add(2*time.Minute)); !errors.Is(err, idem.ErrJournalWrite) {
+		t.Fatalf("a new key after the uncertain commit: %v %v, want ErrJournalWrite (the store refuses new keys until reopened)", c.State, err)
+	}
+	_ = s.w.Close()
+	s.w = groupcommit.New(s.f.Update, groupcommit.Options{Recover: s.f.Corrupt})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenBoltStore(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err = beginAt(s, "k", t0.Add(3*time.Minute))
+	if err != nil || c.State != StateDone || string(c.Response.Body) != "first" {
+		t.Fatalf("after reopening: %v %v, want done with the answer the file holds", c.State, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -192,6 +193,14 @@ func (s *BoltStore) begin(b Begin, held bool) (Claim, error) {
 		// Fail closed: the answer could not be stored.
 		return Claim{}, fmt.Errorf("%w: the store file was found damaged or replaced", idemstore.ErrJournalCorrupt)
 	}
+	if s.uncertain.Load() || s.f.Failed() != nil {
+		// A commit failed with its record perhaps in the file, or the
+		// file refuses writes after a failed fsync (a Complete's or a
+		// Sweep's): the store's memory no longer says what the file
+		// holds, and a handler run now could not store its answer.
+		// Fail closed until the store is opened again.
+		return Claim{}, fmt.Errorf("idemserver: begin %s: %w: an earlier commit of the store failed and its outcome is unknown; the store refuses new keys until it is opened again", b.ID, idemstore.ErrJournalWrite)
+	}
 	if s.gone.Load() {
 		// A commit found the path naming another file, or none: every
 		// commit fails until it names the store's again, and a handler
@@ -243,7 +252,14 @@ func (s *BoltStore) Release(ctx context.Context, id, token string) error {
 
 // Complete implements Store: the key's one commit. The flight is marked
 // completing while its record commits, so that no Begin takes it over
-// meanwhile; a failed commit gives it back to its holder.
+// meanwhile. A commit that failed for certain (nothing of it is in the
+// file: a full disk) gives the key back to its holder. One whose record
+// may be in the file (idem.ErrOutcomeUnknown: an fsync that failed after
+// bbolt wrote its meta page), or after which the file refuses writes,
+// keeps the key completing until the store is reopened, and the store
+// then refuses new keys (Begin fails, idem.ErrJournalWrite): no answer
+// whose storage is uncertain is replayed, and no second request runs the
+// handler while the first run's record may exist.
 func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 	if c.Response == nil {
 		return fmt.Errorf("idemserver: complete %s: nil response", c.ID)
@@ -273,28 +289,37 @@ func (s *BoltStore) Complete(ctx context.Context, c Completion) error {
 		old, replaced, err = putRecord(tx, c.ID, h, olds, key, v)
 		return err
 	})
+	if err != nil && (errors.Is(err, idemstore.ErrOutcomeUnknown) || s.f.Failed() != nil || s.holds(key, v)) {
+		// The commit failed and its record may be in the file, or the
+		// file refuses writes after it: the record's storage is
+		// uncertain. The answer is withheld (the error), and the key
+		// stays completing, so that no second request runs the handler
+		// while the first run's record may exist, and none gets a replay
+		// of a record that may not be durable: a retry is told the key is
+		// in flight until the process restarts and the file is read
+		// again. New keys are refused from now on (see Begin).
+		s.uncertain.Store(true)
+		return err
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
-		if !s.holds(key, v) {
-			fl.completing = false
-			return err
-		}
-		// The commit failed after its meta page was written (an fsync
-		// that failed): the file, as this process reads it, holds the
-		// record, so a retry must get it, not run the handler again.
-		// The answer is still withheld: it may not be durable.
+		// Nothing was committed, for sure (a full disk): the key is
+		// its holder's again.
+		fl.completing = false
+		return err
 	}
 	delete(f.m, c.ID)
 	if replaced {
 		f.idx.remove(h, old)
 	}
 	f.idx.add(h, exp)
-	return err
+	return nil
 }
 
-// holds reports whether the file holds the value v under key: after a
-// commit that failed, whether it took effect all the same.
+// holds reports whether the file, as this process reads it, holds the
+// value v under key: after a commit that failed, whether it may have taken
+// effect all the same.
 func (s *BoltStore) holds(key, v []byte) bool {
 	found := false
 	err := s.f.View(func(tx *bolt.Tx) error {

@@ -48,11 +48,14 @@ type BoltOptions struct {
 // flight at once rather than at the end of their leases: no handler of
 // the dead process can still be running, so the next request with such a
 // key runs its handler, as it would after a lapsed lease (see Step). A
-// commit that fails returns an error matching idem.ErrJournalWrite and changes
-// nothing, unless the file shows it took effect all the same (an fsync
-// that failed after bbolt wrote its meta page): Complete still returns
-// the error, but the key is answered from the record the file holds, not
-// run again. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
+// commit that fails for certain (a full disk) returns an error matching
+// idem.ErrJournalWrite and changes nothing. One that may have taken effect
+// all the same (an fsync that failed after bbolt wrote its meta page:
+// idem.ErrOutcomeUnknown), and any failed fsync or I/O error, leave the
+// file's state unknown: Complete returns the error (the answer is
+// withheld), the key is neither run again nor replayed (a retry is told
+// it is in flight), and every new key is refused (idem.ErrJournalWrite)
+// until the store is opened again, which reads the file anew. A damaged file or record gives errors matching idem.ErrJournalCorrupt,
 // never a panic and never a replay.
 //
 // Stored responses are kept in the file in the order they expire, so that
@@ -65,11 +68,14 @@ type BoltOptions struct {
 // keys), given back as sweeps delete the keys. See BENCHMARKS.md for
 // Open's time and memory at millions of keys.
 type BoltStore struct {
-	f       *boltfile.File
-	w       *groupcommit.Writer[*bolt.Tx]
-	closed  atomic.Bool
-	gone    atomic.Bool // a commit failed with the path no longer naming the file
-	flights flights     // the keys in flight and the index of stored keys
+	f      *boltfile.File
+	w      *groupcommit.Writer[*bolt.Tx]
+	closed atomic.Bool
+	gone   atomic.Bool // a commit failed with the path no longer naming the file
+	// uncertain: a commit failed with its record perhaps in the file; the
+	// store refuses new keys until it is opened again (see Complete).
+	uncertain atomic.Bool
+	flights   flights // the keys in flight and the index of stored keys
 }
 
 var _ LocalStore = (*BoltStore)(nil)
@@ -146,6 +152,7 @@ var storeErrors = boltfile.Errors{
 	Locked:  idemstore.ErrJournalLocked,
 	Corrupt: idemstore.ErrJournalCorrupt,
 	Write:   idemstore.ErrJournalWrite,
+	Unknown: idemstore.ErrOutcomeUnknown,
 	Closed:  ErrClosed,
 }
 

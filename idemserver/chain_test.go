@@ -36,7 +36,7 @@ func stepKeys(t *testing.T, h func(http.Handler) http.Handler, r *http.Request) 
 }
 
 func TestStepKeys(t *testing.T) {
-	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithPrincipal(func(r *http.Request) (string, error) {
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(), idemserver.WithPrincipal(func(r *http.Request) (string, error) {
 		return r.Header.Get("X-User"), nil
 	}))
 	newReq := func(user, path, key string) *http.Request {
@@ -53,7 +53,7 @@ func TestStepKeys(t *testing.T) {
 
 	// The same request, on any replica (another middleware, another store),
 	// derives the same keys.
-	other := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithPrincipal(func(r *http.Request) (string, error) {
+	other := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(), idemserver.WithPrincipal(func(r *http.Request) (string, error) {
 		return r.Header.Get("X-User"), nil
 	}))
 	again, _ := stepKeys(t, other.Required, newReq("alice", "/orders", `"K"`))
@@ -108,7 +108,7 @@ func TestWebhook(t *testing.T) {
 					}
 					w.WriteHeader(http.StatusNoContent)
 				}}
-				h := idemserver.New(s).Webhook(a, tt.id)
+				h := idemserver.New(s, idemserver.WithSingleTenant()).Webhook(a, tt.id)
 				send := func(id, body string) *httptest.ResponseRecorder {
 					w := httptest.NewRecorder()
 					h.ServeHTTP(w, tt.deliver(id, body))
@@ -143,7 +143,7 @@ func TestWebhookConcurrentDuplicate(t *testing.T) {
 			<-release
 			w.WriteHeader(http.StatusOK)
 		}}
-		h := idemserver.New(s).Webhook(a, nil)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Webhook(a, nil)
 		deliver := func() *httptest.ResponseRecorder {
 			r := httptest.NewRequest(http.MethodPost, "/hooks", strings.NewReader("{}"))
 			r.Header.Set("Webhook-Id", "msg_1")
@@ -178,7 +178,7 @@ func TestWebhookBodyAfterEventID(t *testing.T) {
 		return "evt_1", nil
 	}
 	var got string
-	h := idemserver.New(idemserver.NewMemoryStore()).Webhook(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant()).Webhook(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		got = string(b)
 		w.WriteHeader(http.StatusNoContent)

@@ -42,7 +42,7 @@ func (d *dropFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 // tooLargeToKeep returns a route of idemserver's middleware whose handler
 // counts its runs and answers status with a body too large to keep.
 func tooLargeToKeep(runs *atomic.Int32, status int) http.Handler {
-	return idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
+	return idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(), idemserver.WithMaxResponseBytes(16)).Required(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs.Add(1)
 			io.Copy(io.Discard, r.Body)
@@ -143,7 +143,7 @@ func TestResumeRecordsNotKeptAsPerformed(t *testing.T) {
 // performed and its status unknown, and the handler ran once.
 func TestClientRecordsHijackedAsPerformed(t *testing.T) {
 	var runs atomic.Int32
-	h := idemserver.New(idemserver.NewMemoryStore()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		io.Copy(io.Discard, r.Body)
 		conn, _, err := http.NewResponseController(w).Hijack()

@@ -52,7 +52,7 @@ func childHold() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	mw := idemserver.New(s, idemserver.WithLease(crashLease))
+	mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(crashLease))
 	idemserver.SetClock(mw, newClock(t0).now)
 	h := mw.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Idempotency-Key") == "held" {
@@ -82,7 +82,7 @@ func TestBoltStoreAfterSIGKILL(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	clock := newClock(t0.Add(time.Second))
-	mw := idemserver.New(s, idemserver.WithLease(crashLease))
+	mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(crashLease))
 	idemserver.SetClock(mw, clock.now)
 	a := &app{}
 	h := mw.Required(a)
@@ -124,7 +124,7 @@ func childBFF() int {
 		return 2
 	}
 	defer client.Close()
-	mw := idemserver.New(store, idemserver.WithLease(bffLease))
+	mw := idemserver.New(store, idemserver.WithSingleTenant(), idemserver.WithLease(bffLease))
 	orders := mw.Required(bffOrders(client.HTTPClient(), os.Getenv("IDEM_PROVIDER")))
 
 	var mu sync.Mutex

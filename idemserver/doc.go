@@ -5,12 +5,20 @@
 //
 //	store, err := idemserver.OpenBoltStore("/var/lib/bff/keys.db", nil)
 //	...
-//	mw := idemserver.New(store, idemserver.WithPrincipal(apiKeyID))
-//	mux.Handle("POST /v1/orders", mw.Required(orders))
-//	mux.Handle("POST /hooks/psp", mw.Webhook(pspEvents, nil))
+//	mw := idemserver.New(store, idemserver.WithPrincipal(accountID))
+//	mux.Handle("POST /v1/orders", auth(mw.Required(orders)))
 //
-// A request's key is scoped by the principal the application names, the
-// method and the path. The first request with a key runs the handler under
+// where accountID returns the account the application's authentication
+// (auth) put in the request's context. A request's key is scoped by that
+// principal, the method and the cleaned path; Required and Optional panic
+// for a middleware with no principal function unless WithSingleTenant
+// says the service has one tenant. Inbound webhooks are verified before
+// their event id counts (WithWebhookVerify):
+//
+//	hooks := idemserver.New(store, idemserver.WithWebhookVerify(idemserver.StandardWebhooks(secret, 0)))
+//	mux.Handle("POST /hooks/psp", hooks.Webhook(pspEvents, nil))
+//
+// The first request with a key runs the handler under
 // a lease on the key; a concurrent one gets 409 with Retry-After; a later
 // one gets the stored response with "Idempotent-Replayed: true"; one with
 // another payload gets 422. 5xx answers and panics are not stored, so the

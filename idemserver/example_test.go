@@ -15,7 +15,7 @@ import (
 // and the same key with another payload is refused with 422.
 func Example() {
 	orders := 0
-	mw := idemserver.New(idemserver.NewMemoryStore())
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant())
 	defer mw.Close()
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -38,7 +38,7 @@ func (s *stuckSweep) Sweep(ctx context.Context, now time.Time) (int, error) {
 func TestMiddlewareCloseBoundedByStoreTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &stuckSweep{Store: idemserver.NewMemoryStore(), entered: make(chan struct{}, 1), release: make(chan struct{})}
-		mw := idemserver.New(st, idemserver.WithSweepInterval(time.Minute), idemserver.WithStoreTimeout(2*time.Second))
+		mw := idemserver.New(st, idemserver.WithSingleTenant(), idemserver.WithSweepInterval(time.Minute), idemserver.WithStoreTimeout(2*time.Second))
 		h := mw.Required(&app{})
 		time.Sleep(2 * time.Minute)
 		do(h, req{key: "k1", body: "a"}) // starts a sweep, which hangs
@@ -88,7 +88,7 @@ type requestValue struct{}
 func TestFenceNotRearmedAfterRequest(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &slowRenew{Store: idemserver.NewMemoryStore(), entered: make(chan struct{}, 1), release: make(chan struct{})}
-		mw := idemserver.New(st, idemserver.WithLease(30*time.Second))
+		mw := idemserver.New(st, idemserver.WithSingleTenant(), idemserver.WithLease(30*time.Second))
 		finish := make(chan struct{})
 		h := mw.Required(&app{answer: func(w http.ResponseWriter, r *http.Request, run int) {
 			<-finish
@@ -149,7 +149,7 @@ func TestLocalStoreHoldsKeyWhileHandlerRuns(t *testing.T) {
 			}
 			created(w, r, run)
 		}}
-		mw := idemserver.New(s, idemserver.WithLease(time.Second))
+		mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(time.Second))
 		idemserver.SetClock(mw, func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
 		h := mw.Required(a)
 		var first *httptest.ResponseRecorder

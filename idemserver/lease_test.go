@@ -22,7 +22,7 @@ func TestLeaseRenewedWhileHandlerRuns(t *testing.T) {
 			}
 			created(w, r, run)
 		}}
-		h := idemserver.New(s, idemserver.WithLease(30*time.Second)).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(30*time.Second)).Required(a)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -72,7 +72,7 @@ func TestFencing(t *testing.T) {
 			}
 			created(w, r, run)
 		}}
-		h := idemserver.New(st, idemserver.WithLease(30*time.Second)).Required(a)
+		h := idemserver.New(st, idemserver.WithSingleTenant(), idemserver.WithLease(30*time.Second)).Required(a)
 		var first *httptest.ResponseRecorder
 		done := make(chan struct{})
 		go func() {

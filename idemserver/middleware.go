@@ -80,6 +80,10 @@ import (
 // and keep their own writes in the request's transaction when the Store
 // is a TxStore (pgstore.Tx).
 //
+// What the middleware buffers for keyed requests in flight (their bodies
+// and answers) is bounded by WithMaxBufferedBytes: a request that does
+// not fit gets 503 with Retry-After before its body is read.
+//
 // If the store cannot be reached when the key is claimed the answer is 503
 // and the handler does not run (fail closed). Every store call is bounded
 // by WithStoreTimeout. The middleware's own answers are complete
@@ -94,6 +98,7 @@ type Middleware struct {
 	cache *answerCache     // nil without WithAnswerCache
 
 	lastSweep atomic.Int64 // unix nanoseconds of the last sweep
+	buffered  budget       // bytes reserved by keyed requests in flight
 	sweeping  atomic.Bool
 
 	mu     sync.Mutex
@@ -144,14 +149,19 @@ type route struct {
 
 // Required returns h wrapped so that every request must carry a key: one
 // without is answered 400 Bad Request. Use it for routes that create or
-// charge (POST, PATCH).
+// charge (POST, PATCH). It panics if the middleware has neither a
+// principal function (WithPrincipal) nor WithSingleTenant.
 func (m *Middleware) Required(h http.Handler) http.Handler {
+	m.checkScoped("Required")
 	return &handler{m: m, h: h, rt: route{required: true}}
 }
 
 // Optional returns h wrapped so that a request with a key is handled once
-// per key, and a request without one passes through untouched.
+// per key, and a request without one passes through untouched. It panics
+// if the middleware has neither a principal function (WithPrincipal) nor
+// WithSingleTenant.
 func (m *Middleware) Optional(h http.Handler) http.Handler {
+	m.checkScoped("Optional")
 	return &handler{m: m, h: h, rt: route{}}
 }
 
@@ -177,6 +187,13 @@ func HeaderEventID(name string) EventID {
 // the stored answer. Only 2xx answers are stored by default (see
 // WithWebhookClientErrors): any other answer or a panic releases the id so
 // the sender's retry runs the handler again.
+//
+// A delivery is verified (WithWebhookVerify) before its id is read: one
+// that fails gets 401 and counts for nothing. Without a verifier, the id
+// alone counts: a forged delivery with a real event's id gets the stored
+// answer, or, arriving first, leaves its own under the id, and the real
+// delivery is never handled. Webhook routes do not panic without a
+// principal function: the sender's signature scopes them.
 func (m *Middleware) Webhook(h http.Handler, id EventID, opts ...WebhookOption) http.Handler {
 	if id == nil {
 		id = HeaderEventID(StandardWebhookIDHeader)
@@ -231,6 +248,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
+	reserved, ok := m.reserve(w, r)
+	if !ok {
+		return // before the body is read
+	}
+	defer m.buffered.give(reserved)
+
 	// On a key route the body is read after the fingerprint's prefix, so
 	// that the fingerprint is one SHA-256 over one buffer.
 	var space [256]byte
@@ -256,6 +279,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	method, fp := r.Method, ""
 	if h.rt.webhook != nil {
 		method = "webhook" // a delivery may come as POST or PUT; the id is what counts
+		if !m.verifyDelivery(w, r, body) {
+			return // before the id is read: a forged delivery counts for nothing
+		}
+		br.Reset(body)
 		id, err := h.rt.webhook(r, body)
 		if err == nil && id == "" {
 			writeProblem(w, http.StatusBadRequest, ProblemMissingKey, "Webhook event id is missing",
@@ -286,7 +313,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		binary.BigEndian.PutUint64(buf[prefix:], uint64(len(body)))
 		fp = hexSum(buf)
 	}
-	id := scopeID(principal, method, r.URL.Path, key)
+	id := scopeID(principal, method, scopePath(r.URL.Path), key)
 	m.serve(w, r, h, id, key, fp)
 }
 

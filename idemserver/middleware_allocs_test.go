@@ -21,7 +21,7 @@ func TestMiddlewareAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	h := idemserver.New(idemserver.NewMemoryStore()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/o/1")
 		w.Header().Set("Cache-Control", "no-store")

@@ -81,7 +81,7 @@ func TestFingerprintAndScopeUnchanged(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 			})
 			fpHeaders := []string{"Content-Type", "X-Tenant"}
-			m := New(NewMemoryStore(), WithFingerprintHeaders(fpHeaders...),
+			m := New(NewMemoryStore(), WithSingleTenant(), WithFingerprintHeaders(fpHeaders...),
 				WithPrincipal(func(*http.Request) (string, error) { return tt.principal, nil }))
 			defer m.Close()
 			var body io.Reader = strings.NewReader(tt.body)
@@ -118,7 +118,7 @@ func TestFingerprintAndScopeUnchanged(t *testing.T) {
 // Content-Length but sending a few bytes does not make the middleware
 // allocate for the announced length: the buffer grows as bytes arrive.
 func TestAnnouncedLengthNotAllocated(t *testing.T) {
-	m := New(NewMemoryStore())
+	m := New(NewMemoryStore(), WithSingleTenant())
 	defer m.Close()
 	h := m.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)

@@ -155,7 +155,7 @@ func TestBadRequests(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := &app{}
-				mw := idemserver.New(s, tt.opts...)
+				mw := idemserver.New(s, append([]idemserver.Option{idemserver.WithSingleTenant()}, tt.opts...)...)
 				h := mw.Required(a)
 				if tt.optional {
 					h = mw.Optional(a)
@@ -165,7 +165,7 @@ func TestBadRequests(t *testing.T) {
 				assert.Equal(t, tt.problem, problemType(t, w))
 				assert.Zero(t, a.runs.Load(), "handler ran")
 				// Nothing was stored: a valid request with the key runs.
-				w = do(idemserver.New(s).Required(a), req{key: "k1", body: "small"})
+				w = do(idemserver.New(s, idemserver.WithSingleTenant()).Required(a), req{key: "k1", body: "small"})
 				assert.Equal(t, http.StatusCreated, w.Code)
 				assert.Empty(t, w.Header().Get(idemserver.ReplayedHeader))
 			})
@@ -176,7 +176,7 @@ func TestBadRequests(t *testing.T) {
 func TestReplay(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		h := idemserver.New(s).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(a)
 		first := do(h, req{key: "order-1", body: `{"amount":42}`})
 		require.Equal(t, http.StatusCreated, first.Code)
 		assert.Empty(t, first.Header().Get(idemserver.ReplayedHeader))
@@ -198,7 +198,7 @@ func TestReplay(t *testing.T) {
 func TestOptionalRouteWithoutKeyPassesThrough(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		h := idemserver.New(s).Optional(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Optional(a)
 		for range 3 {
 			w := do(h, req{body: "x"})
 			assert.Equal(t, http.StatusCreated, w.Code)
@@ -218,7 +218,7 @@ func TestInFlightConflict(t *testing.T) {
 			<-release
 			created(w, r, run)
 		}}
-		h := idemserver.New(s, idemserver.WithRetryAfter(2*time.Second)).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithRetryAfter(2*time.Second)).Required(a)
 		var first *httptest.ResponseRecorder
 		done := make(chan struct{})
 		go func() {
@@ -260,7 +260,7 @@ func TestMismatch(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := &app{}
-				h := idemserver.New(s, idemserver.WithFingerprintHeaders("content-type")).Required(a)
+				h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithFingerprintHeaders("content-type")).Required(a)
 				require.Equal(t, http.StatusCreated, do(h, tt.first).Code)
 				w := do(h, tt.second)
 				assert.Equal(t, http.StatusUnprocessableEntity, w.Code)
@@ -303,7 +303,7 @@ func TestNotStored(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := firstThen(tt.first)
-				h := idemserver.New(s, tt.opts...).Required(a)
+				h := idemserver.New(s, append([]idemserver.Option{idemserver.WithSingleTenant()}, tt.opts...)...).Required(a)
 				first := func() (w *httptest.ResponseRecorder, panicked any) {
 					defer func() { panicked = recover() }()
 					return do(h, req{key: "k1", body: "a"}), nil
@@ -336,7 +336,7 @@ func status(code int) func(http.ResponseWriter, *http.Request) {
 func TestRetention(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		mw := idemserver.New(s, idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(-1))
+		mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(-1))
 		h := mw.Required(a)
 		do(h, req{key: "k1", body: "a"})
 		time.Sleep(time.Hour - time.Second)
@@ -359,7 +359,7 @@ func TestRetention(t *testing.T) {
 
 func TestAutomaticSweep(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
-		mw := idemserver.New(s, idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(10*time.Minute))
+		mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(10*time.Minute))
 		h := mw.Required(&app{})
 		do(h, req{key: "old", body: "a"})
 		time.Sleep(2 * time.Hour)
@@ -388,7 +388,7 @@ func TestScopeIsolation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := &app{}
-				h := idemserver.New(s, idemserver.WithPrincipal(func(r *http.Request) (string, error) {
+				h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithPrincipal(func(r *http.Request) (string, error) {
 					return r.Header.Get("X-User"), nil
 				})).Required(a)
 				tt.a.body, tt.b.body = "same", "same"
@@ -418,7 +418,7 @@ func (failing) Begin(context.Context, idemserver.Begin) (idemserver.Claim, error
 func TestStoreUnavailableFailsClosed(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		w := do(idemserver.New(failing{s}).Required(a), req{key: "k1"})
+		w := do(idemserver.New(failing{s}, idemserver.WithSingleTenant()).Required(a), req{key: "k1"})
 		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 		assert.Equal(t, idemserver.ProblemUnavailable, problemType(t, w))
 		assert.Equal(t, "1", w.Header().Get("Retry-After"))
@@ -429,7 +429,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 		s := openBolt(t)
 		require.NoError(t, s.Close())
 		a := &app{}
-		assert.Equal(t, http.StatusServiceUnavailable, do(idemserver.New(s).Required(a), req{key: "k1"}).Code)
+		assert.Equal(t, http.StatusServiceUnavailable, do(idemserver.New(s, idemserver.WithSingleTenant()).Required(a), req{key: "k1"}).Code)
 		assert.Zero(t, a.runs.Load())
 	})
 }
@@ -442,7 +442,7 @@ func TestFlushedResponseIsStored(t *testing.T) {
 			require.NoError(t, http.NewResponseController(w).Flush())
 			w.Write([]byte("part two"))
 		}}
-		h := idemserver.New(s).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(a)
 		w1 := do(h, req{key: "k1"})
 		assert.True(t, w1.Flushed)
 		w2 := do(h, req{key: "k1"})
@@ -456,7 +456,7 @@ func TestFlushedResponseIsStored(t *testing.T) {
 func TestConcurrentSameKeyRunsOnce(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		h := idemserver.New(s).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(a)
 		var wg sync.WaitGroup
 		codes := make([]int, 16)
 		for i := range codes {

@@ -61,6 +61,9 @@ var principalHeaders = map[string]bool{
 type config struct {
 	header      string
 	principal   func(*http.Request) (string, error)
+	single      bool // WithSingleTenant: no principal, on purpose
+	verify      WebhookVerifier
+	maxBuffered int64 // WithMaxBufferedBytes
 	fpHeaders   []string
 	replay      []string
 	lease       time.Duration
@@ -90,6 +93,7 @@ func newConfig(opts []Option) config {
 		retryAfter:  DefaultRetryAfter,
 		maxBody:     DefaultMaxBodyBytes,
 		maxResponse: DefaultMaxResponseBytes,
+		maxBuffered: DefaultMaxBufferedBytes,
 		storeClient: true,
 		sweepEvery:  DefaultSweepInterval,
 		timeout:     DefaultStoreTimeout,
@@ -117,11 +121,15 @@ func WithKeyHeader(name string) Option {
 // WithPrincipal sets the function that names who sends a request (an API
 // key id, a user id). Keys are scoped by principal, method and path, so
 // one principal's key never touches another's. When fn returns an error
-// the middleware answers 401 Unauthorized and the handler does not run;
-// put authentication before the middleware. The default (nil) puts every
-// request in one principal, which suits a single-tenant service only.
+// the middleware answers 401 Unauthorized and the handler does not run.
+// Put authentication before the middleware and have fn return the user or
+// account id it put in the request's context. Without a principal
+// function Required and Optional panic, unless WithSingleTenant says the
+// service has one tenant; CredentialsPrincipal names a principal by a
+// digest of the request's credentials, for services without an
+// authentication context.
 func WithPrincipal(fn func(*http.Request) (string, error)) Option {
-	return func(c *config) { c.principal = fn }
+	return func(c *config) { c.principal, c.single = fn, false }
 }
 
 // WithFingerprintHeaders names request headers that are part of the

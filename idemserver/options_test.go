@@ -32,8 +32,8 @@ func TestWaitForFirstAnswer(t *testing.T) {
 			}
 			created(w, r, run)
 		}}
-		h := idemserver.New(s, idemserver.WithWait(10*time.Second)).Required(a)
-		short := idemserver.New(s, idemserver.WithWait(100*time.Millisecond)).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithWait(10*time.Second)).Required(a)
+		short := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithWait(100*time.Millisecond)).Required(a)
 		var first *httptest.ResponseRecorder
 		done := make(chan struct{})
 		go func() {
@@ -83,7 +83,7 @@ func TestWaitForFirstAnswer(t *testing.T) {
 func TestFingerprintIgnoring(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		h := idemserver.New(s, idemserver.WithFingerprintIgnoring("sent_at", "meta.nonce")).Required(a)
+		h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithFingerprintIgnoring("sent_at", "meta.nonce")).Required(a)
 		w := do(h, req{key: "k", body: `{"amount":4200,"sent_at":"10:00","meta":{"nonce":"n1","src":"app"}}`})
 		require.Equal(t, http.StatusCreated, w.Code)
 		for _, body := range []string{
@@ -114,7 +114,7 @@ func TestFingerprintIgnoring(t *testing.T) {
 func TestWithFingerprint(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		a := &app{}
-		h := idemserver.New(s, idemserver.WithFingerprint(func(_ *http.Request, body []byte) ([]byte, error) {
+		h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithFingerprint(func(_ *http.Request, body []byte) ([]byte, error) {
 			return body[:min(len(body), 4)], nil // the first four bytes are the payload
 		})).Required(a)
 		require.Equal(t, http.StatusCreated, do(h, req{key: "k", body: "abcd-1"}).Code)
@@ -134,7 +134,7 @@ func TestOnReplayAndIsReplay(t *testing.T) {
 			assert.False(t, idemserver.IsReplay(r.Context()), "in the handler")
 			created(w, r, run)
 		}}
-		mw := idemserver.New(s,
+		mw := idemserver.New(s, idemserver.WithSingleTenant(),
 			idemserver.WithOnReplay(func(w http.ResponseWriter, r *http.Request, resp *idemserver.Response) {
 				assert.True(t, idemserver.IsReplay(r.Context()))
 				calls = append(calls, "one:"+http.StatusText(resp.Status))
@@ -178,7 +178,7 @@ func TestAnswerCache(t *testing.T) {
 	forStores(t, func(t *testing.T, s idemserver.Store) {
 		cs := &countingStore{Store: s}
 		a := &app{}
-		mw := idemserver.New(cs, idemserver.WithAnswerCache(1<<20), idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(-1))
+		mw := idemserver.New(cs, idemserver.WithSingleTenant(), idemserver.WithAnswerCache(1<<20), idemserver.WithRetention(time.Hour), idemserver.WithSweepInterval(-1))
 		defer mw.Close()
 		h := mw.Required(a)
 		first := do(h, req{key: "k", body: "a"})
@@ -203,7 +203,7 @@ func TestAnswerCache(t *testing.T) {
 
 		// A cache of 700 bytes holds one of these answers (about 500
 		// bytes as it counts them): the older one goes to the store again.
-		small := idemserver.New(cs, idemserver.WithAnswerCache(700))
+		small := idemserver.New(cs, idemserver.WithSingleTenant(), idemserver.WithAnswerCache(700))
 		defer small.Close()
 		hs := small.Required(a)
 		do(hs, req{key: "s1", body: "a"})

@@ -39,7 +39,7 @@ func childPause() int {
 		return 2
 	}
 	defer s.Close()
-	mw := idemserver.New(s, idemserver.WithLease(pauseLease))
+	mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(pauseLease))
 	release := make(chan struct{})
 	var runs atomic.Int32
 	mux := http.NewServeMux()

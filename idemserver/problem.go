@@ -57,6 +57,11 @@ const (
 	// status (succeeded if it was a 2xx or 3xx); other clients read
 	// "already-used" in the type as a permanent conflict.
 	ProblemNotKept = "https://github.com/idemgo/idem/idemserver#already-used-response-not-kept"
+	// ProblemOverloaded is the type of the 503 answer, with Retry-After,
+	// to a keyed request that arrives while the bodies and answers of the
+	// requests in flight fill WithMaxBufferedBytes; its body was not read
+	// and its key is untouched.
+	ProblemOverloaded = "https://github.com/idemgo/idem/idemserver#overloaded"
 )
 
 // problemDoc is an RFC 9457 problem details document.

@@ -23,7 +23,7 @@ func TestSafeMethodsPassThrough(t *testing.T) {
 		t.Run(method, func(t *testing.T) {
 			forStores(t, func(t *testing.T, s idemserver.Store) {
 				a := &app{}
-				h := idemserver.New(s).Required(a)
+				h := idemserver.New(s, idemserver.WithSingleTenant()).Required(a)
 				for range 2 {
 					w := do(h, req{method: method, key: "k1"})
 					assert.Equal(t, http.StatusCreated, w.Code)
@@ -33,7 +33,7 @@ func TestSafeMethodsPassThrough(t *testing.T) {
 
 				// Opted in, they are deduplicated like any other method.
 				b := &app{}
-				h = idemserver.New(s, idemserver.WithSafeMethods(true)).Required(b)
+				h = idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithSafeMethods(true)).Required(b)
 				do(h, req{method: method, key: "k2"})
 				assert.Equal(t, "true", do(h, req{method: method, key: "k2"}).Header().Get(idemserver.ReplayedHeader))
 				assert.EqualValues(t, 1, b.runs.Load())
@@ -60,7 +60,7 @@ func TestWebhookClientErrorRedelivered(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		}}
-		h := idemserver.New(s).Webhook(a, nil)
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Webhook(a, nil)
 		assert.Equal(t, http.StatusNotFound, send(h).Code)
 		assert.Equal(t, http.StatusNoContent, send(h).Code, "the redelivery ran")
 		assert.EqualValues(t, 2, a.runs.Load())
@@ -68,7 +68,7 @@ func TestWebhookClientErrorRedelivered(t *testing.T) {
 
 		// WithWebhookClientErrors(true) keeps 4xx answers too.
 		b := &app{answer: func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusGone) }}
-		h = idemserver.New(s, idemserver.WithWebhookClientErrors(true)).Webhook(b, idemserver.HeaderEventID("X-Event"))
+		h = idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithWebhookClientErrors(true)).Webhook(b, idemserver.HeaderEventID("X-Event"))
 		for range 2 {
 			r := httptest.NewRequest(http.MethodPost, "/hooks/b", strings.NewReader(`{}`))
 			r.Header.Set("X-Event", "evt_2")
@@ -88,7 +88,7 @@ func TestReplayHeaders(t *testing.T) {
 		}
 		defaults := idemserver.DefaultReplayHeaders()
 		defaults[0] = "Set-Cookie" // a caller's copy, not the package's
-		h := idemserver.New(s).Required(&app{answer: cookie})
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(&app{answer: cookie})
 		do(h, req{key: "k1"})
 		w := do(h, req{key: "k1"})
 		assert.Equal(t, "true", w.Header().Get(idemserver.ReplayedHeader))
@@ -96,13 +96,13 @@ func TestReplayHeaders(t *testing.T) {
 		assert.Equal(t, "application/json", w.Header().Get("Content-Type"))
 
 		var log bytes.Buffer
-		h = idemserver.New(s, idemserver.WithReplayHeaders("Content-Type", "set-cookie"),
+		h = idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithReplayHeaders("Content-Type", "set-cookie"),
 			idemserver.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))).Required(&app{answer: cookie})
 		do(h, req{key: "k2"})
 		assert.Empty(t, do(h, req{key: "k2"}).Header().Get("Set-Cookie"), "refused")
 		assert.Contains(t, log.String(), "Set-Cookie")
 
-		h = idemserver.New(s, idemserver.WithPrincipalReplayHeaders("Set-Cookie")).Required(&app{answer: cookie})
+		h = idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithPrincipalReplayHeaders("Set-Cookie")).Required(&app{answer: cookie})
 		do(h, req{key: "k3"})
 		assert.Contains(t, do(h, req{key: "k3"}).Header().Get("Set-Cookie"), "session=first", "opted in")
 	})
@@ -111,7 +111,7 @@ func TestReplayHeaders(t *testing.T) {
 // TestStepKeyFollowsPayload: the same client key with another payload
 // (after its retention) derives other downstream keys.
 func TestStepKeyFollowsPayload(t *testing.T) {
-	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithStoreClientErrors(false))
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(), idemserver.WithStoreClientErrors(false))
 	var keys []string
 	h := mw.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k, ok := idemserver.StepKey(r.Context(), "charge")
@@ -131,7 +131,7 @@ func TestStepKeyFollowsPayload(t *testing.T) {
 // starts; Close waits for it.
 func TestSweepOffRequestPath(t *testing.T) {
 	s := &blockingSweep{Store: idemserver.NewMemoryStore(), started: make(chan struct{}), release: make(chan struct{})}
-	mw := idemserver.New(s, idemserver.WithSweepInterval(1))
+	mw := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithSweepInterval(1))
 	h := mw.Required(&app{})
 	do(h, req{key: "k1"}) // returns although the sweep it started blocks
 	<-s.started

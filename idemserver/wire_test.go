@@ -269,7 +269,7 @@ func TestWireReplayIsTheFirstAnswer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			plain := fetchWire(t, quietServer(t, tt.h), "k1")
-			mw := idemserver.New(idemserver.NewMemoryStore(),
+			mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(),
 				idemserver.WithReplayHeaders("Content-Type", "Location", "Link", "Cache-Control", "Upgrade", "Connection"))
 			defer mw.Close()
 			srv := quietServer(t, mw.Required(tt.h))
@@ -317,7 +317,7 @@ func without(lines []string, names ...string) []string {
 // TestWebhookWithoutEventID: a delivery without an event id is told its
 // id is missing; one with a malformed id is told it is invalid.
 func TestWebhookWithoutEventID(t *testing.T) {
-	mw := idemserver.New(idemserver.NewMemoryStore())
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant())
 	defer mw.Close()
 	tests := []struct {
 		name, header, body string

@@ -238,7 +238,7 @@ func (c *Collector) remember(kind string, op idem.OperationInfo, status int, err
 		State: op.State.String(), Attempts: op.Attempts, Status: status,
 	}
 	if err != nil {
-		e.Err = err.Error()
+		e.Err = idem.RedactText(err.Error()) // a *url.Error quotes the URL as sent
 	}
 	c.recent[c.next] = e
 	c.next++

@@ -98,8 +98,10 @@ type Op struct {
 	URL        string    `json:"url,omitempty"`
 	Created    time.Time `json:"created"`
 	AgeSeconds float64   `json:"age_seconds"`
-	// Attempts counts the requests written under the key; for an
-	// operation in flight the Collector's count when it has a newer one.
+	// Attempts counts the requests written under the key, each counted
+	// when it started (idem.Operation.Attempts): for an operation in
+	// flight, the one under way included, or the Collector's count when
+	// it has a newer one.
 	Attempts   int    `json:"attempts"`
 	LastStatus int    `json:"last_status,omitempty"`
 	LastError  string `json:"last_error,omitempty"`

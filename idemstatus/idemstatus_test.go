@@ -3,9 +3,11 @@ package idemstatus_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +139,7 @@ func TestCollectorCountsResumeAndExpiry(t *testing.T) {
 	require.NoError(t, err)
 	// A recent one that Resume sends again.
 	_, _, err = store.Reserve(context.Background(), idem.Operation{
-		Key: "0190a0b0-0000-7000-8000-000000000002", Name: "recent", Method: http.MethodPost, URL: srv.URL + "/ok",
+		Key: "0190a0b0-0000-7000-8000-000000000002", KeyHeader: idem.DefaultHeader, Name: "recent", Method: http.MethodPost, URL: srv.URL + "/ok",
 		State: idem.StatePending, Created: time.Now(), Updated: time.Now(), Body: []byte(`{}`),
 	})
 	require.NoError(t, err)
@@ -277,3 +279,16 @@ func TestHandlerRefusesOtherMethodsAndBadLimits(t *testing.T) {
 
 // Compile-time check that every KeyStore is a Journal.
 var _ idemstatus.Journal = idem.KeyStore(nil)
+
+// TestRecentErrorsAreRedacted is finding 4 of issue 35 for the live page:
+// an event's error text, which may quote the request's URL as sent (a
+// *url.Error), shows it without its secret query parameters.
+func TestRecentErrorsAreRedacted(t *testing.T) {
+	col := idemstatus.NewCollector(0)
+	err := &url.Error{Op: "Post", URL: "https://pay.example/x?X-Amz-Signature=s3cr3t&order=1", Err: errors.New("EOF")}
+	col.Hooks().InDoubt(idem.OperationInfo{Key: "k", Method: "POST", URL: "https://pay.example/x?order=1", State: idem.StatePending}, err)
+	recent := col.Recent()
+	require.Len(t, recent, 1)
+	assert.NotContains(t, recent[0].Err, "s3cr3t")
+	assert.Contains(t, recent[0].Err, "order=1")
+}

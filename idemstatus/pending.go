@@ -94,9 +94,14 @@ func advise(op *Op, credentials bool) {
 		op.Why = "the journal cannot read this record: " + op.LastError
 		op.Do = "run `idem verify`; reconcile it by key with the provider, then `idem expire` it"
 	case op.InFlight:
+		// The journal counts an attempt when it starts: the last one
+		// counted is the one under way.
 		op.Why = "being sent now by " + ownerOf(op.Owner)
 		if op.Attempts > 0 {
-			op.Why += ", after " + plural(op.Attempts, "attempt") + " (last: " + outcome(op.LastStatus, op.LastError) + ")"
+			op.Why += ", attempt " + thousands(op.Attempts) + " under way"
+		}
+		if op.LastStatus != 0 || op.LastError != "" {
+			op.Why += " (last: " + outcome(op.LastStatus, op.LastError) + ")"
 		}
 		op.Do = "nothing yet: its call or Resume owns it until " + op.LeaseUntil.UTC().Format(time.RFC3339)
 	case op.Unreplayable:
@@ -105,7 +110,7 @@ func advise(op *Op, credentials bool) {
 	case op.NeedsCredentials:
 		op.Why = "in doubt after " + outcome(op.LastStatus, op.LastError) + "; it was journaled without its credentials"
 		op.Do = "resend it with its credentials: give the application a WithResumePrepare hook that adds them, or run `idem resume --header-file FILE` " + whileStopped + "; or re-drive it by name"
-	case op.Attempts == 0 && op.LastStatus == 0 && op.LastError == "":
+	case op.LastStatus == 0 && op.LastError == "": // its first attempt, counted when it started, never ended
 		op.Why = "in doubt: the process ended before the outcome of its request was known"
 		op.Do = "Resume sends it again with its key: the application's, or `idem resume` " + whileStopped + "; or re-drive it by name"
 	default:
@@ -157,14 +162,6 @@ func ownerOf(owner string) string {
 		return "this process"
 	}
 	return owner
-}
-
-// plural returns "1 attempt", "2 attempts".
-func plural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	return thousands(n) + " " + what + "s"
 }
 
 // thousands formats n with a comma every three digits: 10,000.

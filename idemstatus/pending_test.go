@@ -127,7 +127,8 @@ func TestHandlerSaysWhyAndWhatToDo(t *testing.T) {
 }
 
 // TestHandlerShowsLiveAttempts holds an operation in flight after a retry
-// (the journal has counted its first attempt, the Collector both) and one
+// (the journal has counted its first attempt and the one under way, the
+// Collector the first) and one
 // that failed: the page shows the attempts and the last status of each.
 func TestHandlerShowsLiveAttempts(t *testing.T) {
 	release := make(chan struct{})
@@ -158,10 +159,10 @@ func TestHandlerShowsLiveAttempts(t *testing.T) {
 	require.Len(t, st.Pending.Operations, 1)
 	op := st.Pending.Operations[0]
 	assert.True(t, op.InFlight)
-	assert.Equal(t, 1, op.Attempts, "the attempt that got its answer")
+	assert.Equal(t, 2, op.Attempts, "the attempt that got its answer and the one under way, counted when it started")
 	assert.Equal(t, 503, op.LastStatus)
 	assert.Contains(t, op.Why, "being sent now by")
-	assert.Contains(t, op.Why, "after 1 attempt (last: 503 Service Unavailable")
+	assert.Contains(t, op.Why, "attempt 2 under way (last: 503 Service Unavailable")
 	live, ok := col.Live(op.Key)
 	assert.True(t, ok)
 	assert.Equal(t, idemstatus.LiveOp{Attempts: 1, Status: 503, Reason: "503"}, live)

@@ -82,7 +82,13 @@ type Operation struct {
 	// State is where the operation stands.
 	State State
 	// Attempts counts the requests written under this key, over all
-	// processes.
+	// processes. An attempt is counted when it starts, before it is sent
+	// (the first in the reservation, a later one in the mark before it),
+	// so that a crash while it is on the wire cannot hide it; one that
+	// then wrote nothing is withdrawn by the next mark or the outcome. A
+	// pending record may so count one request more than was written: the
+	// one under way, or an in-doubt operation's last attempt that wrote
+	// nothing.
 	Attempts int
 	// LastStatus is the HTTP status of the last response, or 0 if none;
 	// for a request performed without its answer kept, the status the
@@ -152,8 +158,13 @@ type Request struct {
 // Attempt is what KeyStore.Attempt records of requests that were written
 // while the operation stays pending.
 type Attempt struct {
-	// Sent counts the requests written (usually 1; net/http may write a
-	// request twice on a reused connection). It is never negative.
+	// Sent counts the requests the mark adds to Attempts. Since the
+	// journal counts an attempt when it starts (Operation.Attempts), a
+	// mark made before a retry counts the attempt that failed beyond its
+	// first request (net/http may write a request twice on a reused
+	// connection) and the retry about to start: usually 1. The mark of an
+	// operation left in doubt counts only what its last attempt wrote
+	// beyond its first request: usually 0. It is never negative.
 	Sent int
 	// Status is the HTTP status of the last response, or 0 when none came.
 	Status int
@@ -189,8 +200,12 @@ type Outcome struct {
 	// original status (409 when unknown).
 	Err string
 	// Sent counts the requests written that no Attempt recorded (0 when the
-	// last request was recorded, or nothing was sent). It is never
-	// negative.
+	// last request was recorded, or nothing was sent). It is -1 when the
+	// journal withdraws the last attempt, which it counted as started
+	// (in the reservation, or the mark before it) and which then wrote
+	// nothing (a refused connection): Attempts never goes below zero, since
+	// the journal withdraws only what it counted. A store adds it to
+	// Attempts as it is.
 	Sent int
 	// URL is the URL the finished record keeps: the journal passes the
 	// record's URL without its query and fragment (TrimQuery), which may

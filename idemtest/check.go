@@ -3,6 +3,7 @@ package idemtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -58,6 +59,20 @@ type CheckConfig struct {
 	// NewKey returns a fresh key per logical operation. Nil means a random
 	// UUID.
 	NewKey func() string
+	// BodyKeyField, if not empty, also puts the key in the JSON object
+	// body's top-level member of that name (Square's idempotency_key), as
+	// idem.Provider.BodyKeyField has idem do.
+	BodyKeyField string
+	// Busy, if set, reports answers besides 409 and 429 that mean "a
+	// request with this key is still in progress: ask again" (Adyen's 704
+	// on a 422), as a provider profile reads them.
+	Busy func(status int, h http.Header, body []byte) bool
+	// Performed, if set, reports an answer that means "a request under
+	// this key was performed, and its answer is not replayed"
+	// (GoCardless's 409 idempotent_creation_conflict): the replay and
+	// cut-connection scenarios pass on it, since the server honoured the
+	// key.
+	Performed func(status int, h http.Header, body []byte) bool
 	// Concurrency is how many requests with one key are sent at once.
 	// Zero means DefaultCheckConcurrency; it is capped at
 	// MaxCheckConcurrency.
@@ -281,6 +296,9 @@ type answer struct {
 	header http.Header
 	body   []byte
 	err    error
+	// inProgress and performed are the profile's reading (CheckConfig's
+	// Busy and Performed).
+	inProgress, performed bool
 }
 
 // maxAnswer bounds how much of an answer's body is kept.
@@ -306,7 +324,11 @@ func (c *checker) send(ctx context.Context, o op, cut bool) answer {
 			WroteRequest: func(httptrace.WroteRequestInfo) { cutNow() },
 		})
 	}
-	req, err := http.NewRequestWithContext(ctx, c.method, c.cfg.URL, strings.NewReader(o.body))
+	body := o.body
+	if f := c.cfg.BodyKeyField; f != "" {
+		body = withBodyKey(body, f, o.key)
+	}
+	req, err := http.NewRequestWithContext(ctx, c.method, c.cfg.URL, strings.NewReader(body))
 	if err != nil {
 		return answer{err: err}
 	}
@@ -323,13 +345,37 @@ func (c *checker) send(ctx context.Context, o op, cut bool) answer {
 	if cut {
 		return answer{err: errors.New("connection cut")}
 	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	a := answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	if err == nil {
+		a.inProgress = c.cfg.Busy != nil && c.cfg.Busy(a.status, a.header, a.body)
+		a.performed = c.cfg.Performed != nil && c.cfg.Performed(a.status, a.header, a.body)
+	}
+	return a
+}
+
+// withBodyKey returns body, a JSON object, with "field":key as its first
+// member, or body as it is when it is not an object or has the member.
+func withBodyKey(body, field, key string) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal([]byte(body), &obj) != nil || obj == nil {
+		return body
+	}
+	if _, ok := obj[field]; ok {
+		return body
+	}
+	member, _ := json.Marshal(map[string]string{field: key})
+	i := strings.IndexByte(body, '{')
+	inner := string(member[1 : len(member)-1])
+	if rest := strings.TrimSpace(body[i+1:]); !strings.HasPrefix(rest, "}") {
+		inner += ","
+	}
+	return body[:i+1] + inner + body[i+1:]
 }
 
 // busy reports an answer that asks to come back later: 409 "in progress",
 // or 429 as some providers send for a concurrent request.
 func (a answer) busy() bool {
-	return a.err == nil && (a.status == http.StatusConflict || a.status == http.StatusTooManyRequests)
+	return a.err == nil && !a.performed && (a.status == http.StatusConflict || a.status == http.StatusTooManyRequests || a.inProgress)
 }
 
 func (a answer) ok() bool { return a.err == nil && a.status >= 200 && a.status < 300 }

@@ -181,7 +181,7 @@ func (in *Instrumentation) spanHook(parent context.Context) func(idem.AttemptInf
 		if et != "" {
 			desc := ""
 			if a.Err != nil {
-				desc = a.Err.Error()
+				desc = idem.RedactText(a.Err.Error()) // a *url.Error quotes the URL as sent
 			}
 			span.SetStatus(codes.Error, desc)
 		}
@@ -260,36 +260,10 @@ func ErrorType(err error) string {
 	return semconv.ErrorTypeOther.Value.AsString()
 }
 
-// defaultRedacted are the query parameters whose values url.full shows as
-// REDACTED: the conventions' list and idem's default secret parameters.
-var defaultRedacted = []string{"AWSAccessKeyId", "Signature", "sig", "X-Goog-Signature",
-	"api_key", "apikey", "access_token", "token", "key", "secret", "client_secret", "password", "signature"}
-
-// fullURL returns raw for url.full: its query kept, with the values of
-// the redacted parameters replaced by REDACTED, user info (if any) as
-// REDACTED:REDACTED, and no fragment.
+// fullURL returns raw for url.full as idem.RedactURL shows it: user info
+// as REDACTED:REDACTED, the values of idem's secret query parameters
+// (idem.DefaultSecretQueryParams, which hold the conventions' list) and of
+// those WithRedactedQueryParams names as REDACTED, no fragment.
 func (in *Instrumentation) fullURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	u.Fragment, u.RawFragment = "", ""
-	if u.User != nil {
-		u.User = url.UserPassword("REDACTED", "REDACTED")
-	}
-	if u.RawQuery == "" {
-		return u.String()
-	}
-	parts := strings.Split(u.RawQuery, "&")
-	for i, p := range parts {
-		name, _, ok := strings.Cut(p, "=")
-		if n, err := url.QueryUnescape(name); err == nil {
-			name = n
-		}
-		if ok && in.cfg.redact[name] {
-			parts[i] = p[:strings.IndexByte(p, '=')] + "=REDACTED"
-		}
-	}
-	u.RawQuery = strings.Join(parts, "&")
-	return u.String()
+	return idem.RedactURL(raw, in.cfg.redact...)
 }

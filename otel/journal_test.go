@@ -2,6 +2,7 @@ package idemotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -124,4 +125,33 @@ func TestURLFullRedactsSecretValues(t *testing.T) {
 	assert.Equal(t, url.Values{"ref": {"abc"}, "Signature": {"REDACTED"}, "session": {"REDACTED"}, "sig": {"REDACTED"},
 		"X-Goog-Signature": {"REDACTED"}, "page": {"2"}}, u.Query())
 	assert.Equal(t, "https://api.test/v1/pay?ref=abc&Signature=REDACTED&session=REDACTED&sig=REDACTED&X-Goog-Signature=REDACTED&page=2", got, "order kept")
+}
+
+// TestURLFullRedactsSigV4 is finding 4 of issue 35: url.full redacts with
+// idem's one list of secret parameters, which holds SigV4's presign
+// parameters and the usual token names, whatever their case.
+func TestURLFullRedactsSigV4(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer tp.Shutdown(context.Background())
+	in, err := idemotel.New(nil, idemotel.WithTracerProvider(tp))
+	require.NoError(t, err)
+	raw := "https://s3.example/b/o?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDx&X-Amz-Signature=f00d&x-amz-security-token=tok&refresh_token=rt&part=1"
+	in.Hooks().AttemptDone(idem.AttemptInfo{OperationInfo: idem.OperationInfo{Method: "PUT", URL: raw}, Attempt: 1, Status: 200})
+	ended := spans.Ended()
+	require.Len(t, ended, 1)
+	got := attrs(ended[0].Attributes())["url.full"].AsString()
+	assert.Equal(t, "https://s3.example/b/o?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=REDACTED&X-Amz-Signature=REDACTED&x-amz-security-token=REDACTED&refresh_token=REDACTED&part=1", got)
+
+	// A failed attempt's status description is the error's text, whose
+	// *url.Error quotes the URL as sent: redacted too.
+	in.Hooks().AttemptDone(idem.AttemptInfo{OperationInfo: idem.OperationInfo{Method: "PUT", URL: raw}, Attempt: 2,
+		Err: &url.Error{Op: "Put", URL: raw, Err: errors.New("connection reset by peer")}})
+	ended = spans.Ended()
+	require.Len(t, ended, 2)
+	desc := ended[1].Status().Description
+	assert.Contains(t, desc, "connection reset by peer")
+	for _, secret := range []string{"AKIDx", "f00d", "=tok", "=rt"} {
+		assert.NotContains(t, desc, secret)
+	}
 }

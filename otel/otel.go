@@ -159,7 +159,7 @@ type config struct {
 	clientSpans bool
 	now         func() time.Time
 	file        string
-	redact      map[string]bool
+	redact      []string // more query parameters url.full redacts
 }
 
 // WithTracerProvider sets where spans go. The default is the global
@@ -178,17 +178,14 @@ func WithoutClientSpans() Option { return func(c *config) { c.clientSpans = fals
 // given to idem.Open or idem.OpenBoltStore) as idem.journal.file.size.
 func WithJournalFile(path string) Option { return func(c *config) { c.file = path } }
 
-// WithRedactedQueryParams adds query parameters whose values url.full
-// shows as REDACTED, besides those the conventions name (AWSAccessKeyId,
-// Signature, sig, X-Goog-Signature) and idem's default secret parameters.
-// (idem does not journal its secret parameters at all, so those never
-// reach url.full.)
+// WithRedactedQueryParams adds query parameters, matched without regard
+// to case, whose values url.full shows as REDACTED, besides
+// idem.DefaultSecretQueryParams (which hold those the conventions name:
+// AWSAccessKeyId, Signature, sig, X-Goog-Signature). idem does not journal
+// its secret parameters at all (nor those of the client's
+// WithSecretQueryParams), so those never reach url.full.
 func WithRedactedQueryParams(names ...string) Option {
-	return func(c *config) {
-		for _, n := range names {
-			c.redact[n] = true
-		}
-	}
+	return func(c *config) { c.redact = append(c.redact, names...) }
 }
 
 // Instrumentation turns idem's hooks into spans and metrics. It is safe
@@ -245,10 +242,7 @@ func Version() string {
 // idem.operation.pending and idem.operation.in_doubt.oldest_age read it at
 // each collection.
 func New(journal Journal, opts ...Option) (*Instrumentation, error) {
-	cfg := config{clientSpans: true, now: time.Now, redact: map[string]bool{}}
-	for _, n := range defaultRedacted {
-		cfg.redact[n] = true
-	}
+	cfg := config{clientSpans: true, now: time.Now}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)

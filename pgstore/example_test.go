@@ -54,7 +54,7 @@ func ExampleNewServerStore() {
 		log.Fatal(err)
 	}
 	defer keys.Close() // the middleware does not close its store
-	mw := idemserver.New(keys)
+	mw := idemserver.New(keys, idemserver.WithSingleTenant())
 	defer mw.Close()
 	http.Handle("POST /orders", mw.Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)

@@ -194,7 +194,7 @@ func TestResumeRespectsLeases(t *testing.T) {
 	now := time.Now()
 	record := func(order string, leaseUntil time.Time) idem.Operation {
 		op := idem.Operation{
-			Key: uuid.NewString(), Name: "pay:" + order, Method: http.MethodPost, URL: srv.URL + chargePath,
+			Key: uuid.NewString(), KeyHeader: idem.DefaultHeader, Name: "pay:" + order, Method: http.MethodPost, URL: srv.URL + chargePath,
 			State: idem.StatePending, Created: now.Add(-time.Minute), Owner: "replica-gone", LeaseUntil: leaseUntil,
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(orderBody(order)),
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,5 +40,34 @@ func TestFinishedURLIsTheJournals(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, idem.StateSucceeded, rec.State, key)
 		assert.Equal(t, srv.URL+"/pay", rec.URL, key)
+	}
+}
+
+// TestHeaderColumnHoldsNoSecrets is finding 4 of issue 35 for PostgreSQL:
+// a pending operation sent with X-Api-Key and the other default secret
+// headers keeps its header in operations.header without them.
+func TestHeaderColumnHoldsNoSecrets(t *testing.T) {
+	s := openStore(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		panic(http.ErrAbortHandler) // no answer: the operation stays pending, its header kept
+	}))
+	defer srv.Close()
+	c := idem.New(s, idem.WithMaxAttempts(1), idem.WithBaseTransport(&http.Transport{DisableKeepAlives: true}))
+	defer c.Close()
+	ctx := testContext(t)
+	secrets := map[string]string{"X-Api-Key": "sk-ant-pg-1", "Api-Key": "pg-apikey-2", "X-Auth-Token": "pg-auth-3", "X-Amz-Security-Token": "pg-amz-4"}
+	req, err := http.NewRequestWithContext(idem.WithKey(ctx, "k-secret"), http.MethodPost, srv.URL+"/pay", strings.NewReader("{}"))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range secrets {
+		req.Header.Set(k, v)
+	}
+	_, err = c.HTTPClient().Do(req)
+	require.Error(t, err)
+	var header string
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT convert_from(header, 'UTF8') FROM `+pgx.Identifier{s.Schema(), "operations"}.Sanitize()+` WHERE key = $1`, "k-secret").Scan(&header))
+	assert.Contains(t, header, "application/json", "the pending operation's header is kept")
+	for _, v := range secrets {
+		assert.NotContains(t, header, v)
 	}
 }

@@ -85,7 +85,7 @@ func BenchmarkServerSide(b *testing.B) {
 					w.WriteHeader(http.StatusCreated)
 					io.WriteString(w, `{"id":"ord_1","status":"created"}`)
 				})
-				mw := idemserver.New(store, idemserver.WithSweepInterval(-1))
+				mw := idemserver.New(store, idemserver.WithSingleTenant(), idemserver.WithSweepInterval(-1))
 				defer mw.Close()
 				mux := http.NewServeMux()
 				mux.Handle("/bare", handler)

@@ -65,7 +65,7 @@ func serverTxChild() int {
 		return 2
 	}
 	table := pgx.Identifier{s.Schema(), "orders"}.Sanitize()
-	h := idemserver.New(s, idemserver.WithLease(crashLease)).Required(orderHandler(s, table, os.Getenv("IDEM_WRITE"), func(http.ResponseWriter) {
+	h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(crashLease)).Required(orderHandler(s, table, os.Getenv("IDEM_WRITE"), func(http.ResponseWriter) {
 		crashtest.Emit("inserted")
 		select {} // killed here: the row is written, the answer not stored
 	}))
@@ -94,7 +94,7 @@ func TestServerTxSIGKILL(t *testing.T) {
 			child := crashtest.Start(t, modeServerTx, "IDEM_DSN="+dsn, "IDEM_SCHEMA="+schema, "IDEM_WRITE="+tt.write)
 			require.Equal(t, []string{"inserted"}, child.KillWhen(func(l string) bool { return l == "inserted" }))
 
-			h := idemserver.New(s, idemserver.WithLease(crashLease)).Required(orderHandler(s, table, tt.write, func(w http.ResponseWriter) {
+			h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(crashLease)).Required(orderHandler(s, table, tt.write, func(w http.ResponseWriter) {
 				w.WriteHeader(http.StatusCreated)
 			}))
 			var w *httptest.ResponseRecorder

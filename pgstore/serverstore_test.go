@@ -169,8 +169,8 @@ func newReplicas(t *testing.T, block bool) *replicas {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"run":%d}`, n)
 	})
-	f.a = idemserver.New(openServerStore(t, dsn, schema)).Required(h)
-	f.b = idemserver.New(openServerStore(t, dsn, schema)).Required(h)
+	f.a = idemserver.New(openServerStore(t, dsn, schema), idemserver.WithSingleTenant()).Required(h)
+	f.b = idemserver.New(openServerStore(t, dsn, schema), idemserver.WithSingleTenant()).Required(h)
 	return f
 }
 
@@ -228,7 +228,7 @@ func TestServerStoreUnreachable(t *testing.T) {
 	p, viaProxy := newProxy(t, dsn)
 	s := openServerStore(t, viaProxy, pgtest.Schema(t, dsn))
 	var runs atomic.Int32
-	h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -268,7 +268,35 @@ func ExampleOpenServerStore() {
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 	})
+	// A key belongs to the account the application's authentication put
+	// in the request's context (see accountOf).
+	mw := idemserver.New(keys, idemserver.WithPrincipal(accountOf))
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
+	mux.Handle("POST /orders", authenticate(mw.Required(createOrder)))
 	_ = http.ListenAndServe(":8080", mux)
+}
+
+// accountKey is the context key of the account authenticate found.
+type accountKey struct{}
+
+// authenticate stands for the application's authentication: it puts the
+// account a bearer token names in the request's context, or answers 401.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, "acct_for_"+token)))
+	})
+}
+
+// accountOf is the middleware's principal function: the account in the
+// request's context.
+func accountOf(r *http.Request) (string, error) {
+	if acct, ok := r.Context().Value(accountKey{}).(string); ok {
+		return acct, nil
+	}
+	return "", idemserver.ErrNoCredentials
 }

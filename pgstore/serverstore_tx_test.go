@@ -58,7 +58,7 @@ func TestTxRowsAndAnswerTogether(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				tx := pgstore.Tx(r.Context())
 				require.NotNil(t, tx)
 				_, err := tx.Exec(r.Context(), `INSERT INTO `+table+` (key) VALUES ($1)`, tt.name)
@@ -83,7 +83,7 @@ func TestTxRefusedCommit(t *testing.T) {
 	s := openServerStore(t, dsn, pgtest.Schema(t, dsn))
 	table := ordersTable(t, s)
 	runs := 0
-	h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		tx := pgstore.Tx(r.Context())
 		for range 3 - runs { // the first run inserts twice: refused at commit
@@ -128,7 +128,7 @@ func TestTxFencing(t *testing.T) {
 		return err
 	}
 	var cause error
-	a := idemserver.New(cutOff{s}, idemserver.WithLease(lease)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	a := idemserver.New(cutOff{s}, idemserver.WithSingleTenant(), idemserver.WithLease(lease)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		require.NoError(t, insert(w, r))
 		<-r.Context().Done()
 		cause = context.Cause(r.Context())
@@ -139,7 +139,7 @@ func TestTxFencing(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 	assert.Zero(t, countRows(t, s, table, "k"))
 
-	b := idemserver.New(openServerStore(t, dsn, schema), idemserver.WithLease(lease)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b := idemserver.New(openServerStore(t, dsn, schema), idemserver.WithSingleTenant(), idemserver.WithLease(lease)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		require.NoError(t, insert(w, r))
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -208,7 +208,7 @@ func TestServerStoreConditionalComplete(t *testing.T) {
 func TestServerStoreNotKept(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	s := openServerStore(t, dsn, pgtest.Schema(t, dsn))
-	h := idemserver.New(s, idemserver.WithMaxResponseBytes(10)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithMaxResponseBytes(10)).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
 		fmt.Fprint(w, "more than ten bytes")
 	}))
@@ -242,7 +242,7 @@ func TestTxCaughtStatementError(t *testing.T) {
 
 	t.Run("4xx stored", func(t *testing.T) {
 		runs := 0
-		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			tx := pgstore.Tx(r.Context())
 			_, err := tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('other')`)
@@ -271,7 +271,7 @@ func TestTxCaughtStatementError(t *testing.T) {
 
 	t.Run("2xx refused", func(t *testing.T) {
 		runs := 0
-		h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			tx := pgstore.Tx(r.Context())
 			_, _ = tx.Exec(r.Context(), `INSERT INTO `+table+` (name) VALUES ('taken')`) // the bug: the error is dropped

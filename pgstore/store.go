@@ -19,7 +19,8 @@
 //		return err
 //	}
 //	defer keys.Close()
-//	mux.Handle("POST /orders", idemserver.New(keys).Required(createOrder))
+//	mw := idemserver.New(keys, idemserver.WithPrincipal(accountID)) // the account your auth found
+//	mux.Handle("POST /orders", mw.Required(createOrder))
 //
 // A named operation (idem.WithOperation) is one key fleet-wide: the name
 // column is unique, so a retry that lands on another replica re-drives the

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -46,11 +45,15 @@ It sends at most %d requests, each bounded by --timeout. Against a server
 that honours keys they perform about 7 operations (test charges on the
 sandbox); a server that ignores keys performs one per request.
 
-It refuses a URL that does not look like a sandbox (a loopback or private
-address, localhost, or a host with "sandbox" in its name or a part of it
-that starts with "test", as checkout-test or test.api) unless
---i-know-this-is-live is given. Stripe's test mode shares the live host
-api.stripe.com: check the key is sk_test_ before giving the flag.
+It refuses a URL that is not a known sandbox (a loopback or private
+address, localhost, or a provider's sandbox host: api-m.sandbox.paypal.com,
+checkout-test.adyen.com, api.sandbox.checkout.com, Amazon Pay's /sandbox/
+paths and others) unless --i-know-this-is-live is given. Stripe's test
+mode shares the live host api.stripe.com: check the key is sk_test_
+before giving the flag. It never sends to a link-local address
+(169.254.169.254, where a cloud machine's credentials are served) or
+another cloud metadata address or name, flag or not, whatever a name
+resolves to.
 
 Flags:
   -X METHOD               request method (default POST)
@@ -61,7 +64,8 @@ Flags:
   --other-body BODY       the other payload (default: BODY with fresh UUIDs,
                           if it has {{uuid}})
   --key-header NAME       the key's header (default Idempotency-Key)
-  --provider NAME         take header and key format from a profile:
+  --provider NAME         take header (or body member), key format and the
+                          in-progress and performed answers from a profile:
                           %s
   --concurrency N         requests at once in the concurrent scenario (2 to %d)
   --wait-retention D      add the retention scenario (e.g. 10m)
@@ -75,7 +79,10 @@ judged), 2 usage.
 
 // checkProviders are the profiles --provider names.
 var checkProviders = map[string]idem.Provider{
-	"stripe": idem.Stripe, "paypal": idem.PayPal, "adyen": idem.Adyen,
+	"stripe": idem.Stripe, "stripev2": idem.StripeV2, "paypal": idem.PayPal, "paypalorders": idem.PayPalOrders,
+	"paypalvault": idem.PayPalVault, "paypalsubscriptions": idem.PayPalSubscriptions,
+	"paypalpaymentsv1": idem.PayPalPaymentsV1, "paypalpaymentsv2": idem.PayPalPaymentsV2,
+	"adyen": idem.Adyen, "gocardless": idem.GoCardless, "square": idem.Square,
 	"checkoutcom": idem.CheckoutCom, "worldline": idem.Worldline, "amazonpay": idem.AmazonPay,
 }
 
@@ -149,13 +156,16 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return usage(fmt.Sprintf("%q is not an http or https URL", pos[0]))
 	}
+	if why := forbiddenHost(u); why != "" {
+		return usage(fmt.Sprintf("%s: idem check never sends there, --i-know-this-is-live or not", why))
+	}
 	if !*live && !looksLikeSandbox(u) {
-		return usage(fmt.Sprintf("%s does not look like a sandbox (not a loopback or private address, no \"sandbox\" in the host, no part of it starting with \"test\"): "+
+		return usage(fmt.Sprintf("%s is not a known sandbox (a loopback or private address, localhost, or a provider's sandbox host such as api-m.sandbox.paypal.com): "+
 			"this check performs real operations; give --i-know-this-is-live if it is a test environment anyway", u.Host))
 	}
 	cfg := idemtest.CheckConfig{
 		URL: u.String(), Method: *method, Header: http.Header{}, KeyHeader: *keyHeader,
-		Concurrency: *n, WaitRetention: *wait, Timeout: *timeout,
+		Concurrency: *n, WaitRetention: *wait, Timeout: *timeout, Client: checkClient(),
 	}
 	for _, h := range headers {
 		name, value, ok := strings.Cut(h, ":")
@@ -185,6 +195,14 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			cfg.KeyHeader = p.Header
 		}
 		cfg.NewKey = func() string { k, _ := p.NewKey(); return k }
+		// The profile's rules: where the key travels, and which answers
+		// mean "in progress" or "performed, not replayed".
+		cfg.BodyKeyField = p.BodyKeyField
+		cfg.Busy = p.InProgress
+		cfg.Performed = func(status int, h http.Header, body []byte) bool {
+			_, ok := p.PerformedAnswer(status, h, body)
+			return ok
+		}
 	}
 
 	rep, err := idemtest.Check(ctx, cfg)
@@ -247,27 +265,6 @@ func printCheck(w io.Writer, rep idemtest.CheckReport) {
 		}
 	}
 	fmt.Fprintf(w, "\n%s %s: %s; %d requests sent\n", rep.Method, rep.URL, verdict, rep.Requests)
-}
-
-// looksLikeSandbox reports whether u points at a test environment: a
-// loopback, private or link-local address, localhost, or a host name with
-// "sandbox" in it or a part (between dots and dashes) that starts with
-// "test" (test, testing): "test" inside a word (latest, fastest) says
-// nothing.
-func looksLikeSandbox(u *url.URL) bool {
-	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-	if ip := net.ParseIP(host); ip != nil {
-		return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast()
-	}
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") || strings.Contains(host, "sandbox") {
-		return true
-	}
-	for _, part := range strings.FieldsFunc(host, func(r rune) bool { return r == '.' || r == '-' || r == '_' }) {
-		if strings.HasPrefix(part, "test") {
-			return true
-		}
-	}
-	return false
 }
 
 // unsendableHeader says why net/http would refuse to send a header, or "".

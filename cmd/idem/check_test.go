@@ -96,7 +96,7 @@ func TestCheckCommand(t *testing.T) {
 
 	ref := idemtest.NewServer(&charges{})
 	defer ref.Close()
-	mw := idemserver.New(idemserver.NewMemoryStore())
+	mw := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant())
 	srv := httptest.NewServer(mw.Required(&charges{}))
 	defer srv.Close()
 	keyless := httptest.NewServer(&charges{})
@@ -225,8 +225,24 @@ func TestLooksLikeSandbox(t *testing.T) {
 		"https://payment.direct.worldline-solutions": false,
 		"https://connect.squareupsandbox.com/v2":     true,
 		"https://pal-test.adyen.com/pal":             true,
-		"https://api.testing.example.com/":           true,
-		"https://test.api.example.com/":              true,
+		// A "test" or "sandbox" part is anyone's to register (issue 35, 8).
+		"https://api.testing.example.com/":         false,
+		"https://test.api.example.com/":            false,
+		"https://test.evil-live-payments.com/":     false,
+		"https://sandbox.evil-live-payments.com/":  false,
+		"https://api.sandbox.paypal.com.evil.com/": false,
+		"https://evilsandbox.com/":                 false,
+		"https://x.api.sandbox.checkout.com/":      true,
+		"https://pay-api.amazon.com/sandbox/v2/x":  true,
+		"https://pay-api.amazon.com/live/v2/x":     false,
+		"http://[fd12:3456::1]/x":                  true,
+		// Link-local and metadata addresses are never a sandbox.
+		"http://169.254.169.254/latest/meta-data/": false,
+		"http://[fe80::1]/x":                       false,
+		"http://[fd00:ec2::254]/x":                 false,
+		"http://100.100.100.200/x":                 false,
+		"http://metadata.google.internal/x":        false,
+		"http://[::ffff:169.254.169.254]/x":        false,
 		// "test" inside a word is no sign of a sandbox: these hosts are
 		// live, and the check charges up to 32 times.
 		"https://api.latestpay.com/v1/charges":  false,
@@ -261,4 +277,19 @@ func TestCheckRefusesUnsendableHeaders(t *testing.T) {
 		assert.Contains(t, errOut.String(), "-H", "%q", h)
 	}
 	assert.Zero(t, hits.Load(), "nothing sent")
+}
+
+// TestCheckNeverSendsToMetadata is finding 8 of issue 35: link-local and
+// metadata addresses and names are refused with --i-know-this-is-live
+// too, and the check's client refuses to connect to one whatever a name
+// resolved to.
+func TestCheckNeverSendsToMetadata(t *testing.T) {
+	for _, u := range []string{"http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/", "http://metadata.google.internal/computeMetadata/v1/", "http://[fd00:ec2::254]/"} {
+		r := runIdem(t, "check", "--i-know-this-is-live", "-d", "{}", u)
+		assert.Equal(t, exitUsage, r.code, u)
+		assert.Contains(t, r.stderr, "never sends there", u)
+	}
+	_, err := checkClient().Get("http://169.254.169.254:9/latest/meta-data/")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "does not connect to 169.254.169.254:9")
 }

@@ -175,8 +175,8 @@ func (c *cli) show(arg string, body bool) (err error) {
 		row("headers", strings.Join(names, ", "))
 	} else {
 		for _, k := range v.HeaderNames {
-			vals := make([]string, len(op.Header[k]))
-			for i, hv := range op.Header[k] {
+			vals := make([]string, len(v.Header[k]))
+			for i, hv := range v.Header[k] { // v.Header is redacted
 				vals[i] = cellIf(hv)
 			}
 			row("header "+cell(k), strings.Join(vals, ", "))

@@ -21,7 +21,7 @@ import (
 // as performed with its original status, not as "failed 409".
 func TestShowNotKept(t *testing.T) {
 	var runs int
-	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithMaxResponseBytes(16)).Required(
+	h := idemserver.New(idemserver.NewMemoryStore(), idemserver.WithSingleTenant(), idemserver.WithMaxResponseBytes(16)).Required(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			_, _ = io.Copy(io.Discard, r.Body)

@@ -53,17 +53,22 @@ func (c *cli) where() string {
 	return fmt.Sprintf("%s (schema %s)", u.Redacted(), c.schema)
 }
 
-// open opens the journal, which must exist: the command never creates
-// one.
-func (c *cli) open() (idem.KeyStore, error) { return c.openStore(false) }
+// open opens the journal, which must exist, for commands that change it
+// (expire, gc, resume): the command never creates one.
+func (c *cli) open() (idem.KeyStore, error) { return c.openStore(false, false) }
+
+// openRead opens the journal for reading only, with Open's check of its
+// records: for a bbolt file, read-only (idem.BoltOptions.ReadOnly), so
+// that nothing is written to it, damaged or not. verify reads through it.
+func (c *cli) openRead() (idem.KeyStore, error) { return c.openStore(false, true) }
 
 // openSalvage opens the journal for reading what it can, damaged or not:
-// for a bbolt file, without Open's check of its records (see
-// idem.BoltOptions.SkipCheck). ls, pending, show and stats read through
-// it, with BoltStore.Salvage.
-func (c *cli) openSalvage() (idem.KeyStore, error) { return c.openStore(true) }
+// for a bbolt file, read-only and without Open's check of its records
+// (see idem.BoltOptions.SkipCheck). ls, pending, show and stats read
+// through it, with BoltStore.Salvage.
+func (c *cli) openSalvage() (idem.KeyStore, error) { return c.openStore(true, true) }
 
-func (c *cli) openStore(salvage bool) (idem.KeyStore, error) {
+func (c *cli) openStore(salvage, readOnly bool) (idem.KeyStore, error) {
 	var (
 		s   idem.KeyStore
 		err error
@@ -71,7 +76,7 @@ func (c *cli) openStore(salvage bool) (idem.KeyStore, error) {
 	if c.shared() {
 		s, err = c.openShared()
 	} else {
-		s, err = c.openBolt(salvage)
+		s, err = c.openBolt(salvage, readOnly)
 	}
 	if err != nil {
 		return nil, err
@@ -98,11 +103,11 @@ func (c *cli) openStore(salvage bool) (idem.KeyStore, error) {
 	return s, nil
 }
 
-func (c *cli) openBolt(salvage bool) (idem.KeyStore, error) {
+func (c *cli) openBolt(salvage, readOnly bool) (idem.KeyStore, error) {
 	if err := c.checkFile(); err != nil {
 		return nil, err
 	}
-	return idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout, SkipCheck: salvage})
+	return idem.OpenBoltStore(c.journal, &idem.BoltOptions{LockTimeout: c.lockTimeout, SkipCheck: salvage, ReadOnly: readOnly})
 }
 
 // connectTimeout bounds connecting to a shared journal and checking that

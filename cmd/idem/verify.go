@@ -63,7 +63,7 @@ func (c *cli) verify(_ []string) error {
 		return c.verified(v) // idem would read damaged pages
 	}
 
-	s, err := c.open()
+	s, err := c.openRead()
 	switch {
 	case errors.Is(err, idem.ErrJournalLocked):
 		return err

@@ -86,7 +86,9 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 		Redacted: op.Redacted, Unreplayable: op.Unreplayable,
 	}
 	if fullURL {
-		v.URL = op.URL
+		if u := idem.RedactURL(op.URL); u != "" {
+			v.URL = u // a journal of an earlier release may hold a secret parameter
+		}
 	}
 	if !op.Created.IsZero() {
 		v.AgeSeconds = max(c.now.Sub(op.Created), 0).Seconds()
@@ -100,7 +102,7 @@ func (c *cli) view(op idem.Operation, fullURL, body bool) opView {
 	v.Resend = c.resend(op)
 	v.HeaderNames = sortedKeys(op.Header)
 	if body {
-		v.Header = op.Header
+		v.Header = idem.RedactHeader(op.Header) // a journal of an earlier release may hold X-Api-Key
 		if op.Body != nil {
 			if s := string(op.Body); utf8.ValidString(s) {
 				v.Body = &s

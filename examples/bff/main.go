@@ -66,6 +66,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -256,11 +257,17 @@ func run(out io.Writer, dsn, dir string) (report, error) {
 		queue.Stop(sctx)
 	}()
 
-	mw := idemserver.New(store, idemserver.WithRetryAfter(time.Second))
+	// Keys are scoped by the account the BFF's authentication found, so
+	// one account's key never reaches another's answer.
+	mw := idemserver.New(store, idemserver.WithPrincipal(accountOf), idemserver.WithRetryAfter(time.Second))
 	defer mw.Close()
+	// The provider's webhooks carry no account: a middleware of their own
+	// (over the same store) scopes them by their event id.
+	hookMW := idemserver.New(store, idemserver.WithRetryAfter(time.Second))
+	defer hookMW.Close()
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Required(orderHandler(client.HTTPClient(), provider.URL, queue, t)))
-	mux.Handle("POST /hooks/psp", mw.Webhook(paymentHook(t), idemserver.JSONEventID("id"),
+	mux.Handle("POST /orders", authenticate(mw.Required(orderHandler(client.HTTPClient(), provider.URL, queue, t))))
+	mux.Handle("POST /hooks/psp", hookMW.Webhook(paymentHook(t), idemserver.JSONEventID("id"),
 		idemserver.WithOrder("psp", store.RequestAdvancer(), paymentVersion)))
 	var lost atomic.Int64
 	bff := httptest.NewServer(flakyNetwork(mux, &lost))
@@ -653,6 +660,34 @@ type appResult struct {
 // twice at once on the first try, retries lost answers, 409s and 5xx with
 // the same key (bounded), and once it has an answer asks once more, as an
 // app back from the background does.
+// appToken is the app's session token; authenticate knows it.
+const appToken = "app-session-1"
+
+// accountKey is the context key of the account authenticate found.
+type accountKey struct{}
+
+// authenticate stands for the BFF's authentication: it answers 401 to a
+// request without a known token and puts the token's account in the
+// request's context.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+appToken {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, "acct_demo")))
+	})
+}
+
+// accountOf is the middleware's principal function: the account
+// authenticate put in the context.
+func accountOf(r *http.Request) (string, error) {
+	if acct, ok := r.Context().Value(accountKey{}).(string); ok {
+		return acct, nil
+	}
+	return "", errors.New("no account in the request's context")
+}
+
 func placeOrder(hc *http.Client, bff string, o order) appResult {
 	body, _ := json.Marshal(o)
 	key := "app-" + o.ID + "-" + strconv.Itoa(o.Amount)
@@ -661,6 +696,7 @@ func placeOrder(hc *http.Client, bff string, o order) appResult {
 	send := func() (bool, time.Duration) {
 		req, _ := http.NewRequest(http.MethodPost, bff+"/orders", bytes.NewReader(body))
 		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Authorization", "Bearer "+appToken)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := hc.Do(req)
 		mu.Lock()

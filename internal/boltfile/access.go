@@ -6,8 +6,10 @@ package boltfile
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	bolt "go.etcd.io/bbolt"
@@ -80,10 +82,27 @@ func (f *File) StillNamed() error {
 
 // Update runs fn in one durable bbolt transaction, guarded, after checking
 // that the path still names the file; a transaction ID that went back is
-// Corrupt; a failed commit is Write. fn's own error is returned as is.
+// Corrupt. fn's own error is returned as is.
+//
+// A failed commit (a write, fdatasync or file growth that failed): bbolt
+// rolls back only its memory. Its error matches Unknown when the file, as
+// this process reads it (the page cache, through bbolt's memory map),
+// holds the commit's meta page, so that it may be durable or become so;
+// bbolt's memory no longer matches the file then, and the File refuses
+// every later Update (an error matching Write) until it is opened again,
+// which checks the file. A commit that failed before its meta page was
+// written matches Write: nothing of it is durable. After one the File
+// refuses writes too, unless the disk was only full (a write or file
+// growth refused with ENOSPC or EDQUOT: the next commit, which writes
+// every page it needs again, may succeed): after a failed fsync or an I/O
+// error the kernel may have dropped or kept the pages it could not write
+// (fsyncgate), and nothing about the file is trusted.
 func (f *File) Update(fn func(*bolt.Tx) error) error {
 	e := f.o.Errors
 	return f.Guarded(func() error {
+		if p := f.failed.Load(); p != nil {
+			return fmt.Errorf("%w: an earlier commit of the %s failed (%v): it refuses writes until it is opened again", e.Write, f.o.Kind, *p)
+		}
 		if err := f.StillNamed(); err != nil {
 			return err
 		}
@@ -111,10 +130,59 @@ func (f *File) Update(fn func(*bolt.Tx) error) error {
 				// free list or branch page does that.
 				return fmt.Errorf("%w: %w: %w", e.Write, e.Corrupt, err)
 			}
+			if f.reached(id) {
+				f.failed.CompareAndSwap(nil, &err)
+				return fmt.Errorf("%w: the %s's commit failed after its meta page reached the file, so it may be durable; "+
+					"the %[2]s refuses writes until it is opened again: %w", e.Unknown, f.o.Kind, err)
+			}
+			if !isFull(err) {
+				f.failed.CompareAndSwap(nil, &err)
+				return fmt.Errorf("%w: the %s's commit failed before its meta page was written (nothing of it is durable); "+
+					"the %[2]s refuses writes until it is opened again: %w", e.Write, f.o.Kind, err)
+			}
 			return fmt.Errorf("%w: %w", e.Write, err)
 		}
 		return err
 	})
+}
+
+// reached reports whether the file, as this process reads it, holds a
+// valid meta page of transaction id or later: whether a commit that
+// failed may be durable. An unreadable file may be anything: true.
+func (f *File) reached(id uint64) bool {
+	at := uint64(0)
+	err := f.db.View(func(tx *bolt.Tx) error {
+		at = uint64(tx.ID())
+		return nil
+	})
+	return err != nil || at >= id
+}
+
+// isFull reports whether err is a write or file growth refused for want
+// of space (ENOSPC, EDQUOT, or any failure of bbolt's growth of the file,
+// which comes before the commit writes anything), the one failure after
+// which the File goes on: bbolt returns fdatasync's errno bare, and a
+// failed write or *os.File.Sync as a PathError of its op.
+func isFull(err error) bool {
+	if strings.HasPrefix(err.Error(), "file resize error") {
+		// bbolt's growth of the file (truncate, then fsync), before any
+		// page is written, formatted without wrapping: EFBIG, ENOSPC.
+		return true
+	}
+	var pe *fs.PathError
+	if !errors.As(err, &pe) || pe.Op == "sync" {
+		return false
+	}
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// Failed returns the error of the commit that failed, after which the
+// File refuses writes, or nil.
+func (f *File) Failed() error {
+	if p := f.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // View runs fn in a read transaction, guarded; a transaction ID below one

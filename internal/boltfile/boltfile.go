@@ -14,8 +14,10 @@ package boltfile
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -39,8 +41,15 @@ type Errors struct {
 	// to an older copy, or a page faulted.
 	Corrupt error
 	// Write: the file cannot be created, opened for writing or written, or
-	// its path no longer names it.
+	// its path no longer names it; or a commit failed for certain before
+	// any of it could reach the file's meta page (nothing of it is
+	// durable, or ever will be), or the File refuses writes after a failed
+	// commit.
 	Write error
+	// Unknown: a commit failed after its meta page reached the file (an
+	// fdatasync that failed, EIO on the meta page): it may be durable or
+	// not, now or after a crash. It must not match Write.
+	Unknown error
 	// Closed: a transaction on a released file.
 	Closed error
 }
@@ -69,6 +78,16 @@ type Options struct {
 	Buckets [][]byte
 	// Compact makes Open rewrite a mostly free file (see Compact).
 	Compact bool
+	// ReadOnly opens an existing file for reading only, under a shared
+	// lock: nothing is written, not even to a damaged file. Compact is
+	// ignored, a missing file is not created, and a file without the
+	// marker or one of Buckets is Corrupt.
+	ReadOnly bool
+	// BucketsRequired makes a writable Open refuse (Corrupt), rather than
+	// create, a bucket of Buckets that an existing file with the marker
+	// lacks: for files whose buckets all came with the marker, where a
+	// missing one was lost. A new file gets them all.
+	BucketsRequired bool
 	// BeforeCompact, if set, runs when Open has decided to compact, with
 	// the lock held (a test hook).
 	BeforeCompact func()
@@ -85,6 +104,9 @@ type File struct {
 	file     *os.File    // bbolt's file handle, to release a broken file
 	id       os.FileInfo // the open file, to tell whether path still names it
 	broken   atomic.Bool // bbolt panicked or faulted; its locks may be held
+	// failed is the first commit error: after it the File refuses writes
+	// (see Update).
+	failed atomic.Pointer[error]
 
 	// readers is held shared by read transactions and exclusively by
 	// HoldReaders.
@@ -135,21 +157,114 @@ func Open(path string, o Options) (*File, error) {
 	}
 	if err == nil {
 		f.modified = fi.ModTime()
+	} else if err := create(path, o); err != nil {
+		return nil, err
 	}
 	if err := f.open(); err != nil {
+		if errors.Is(err, e.Corrupt) {
+			if why := unborn(f.real); why != "" {
+				return nil, fmt.Errorf("%w: %s", err, why)
+			}
+		}
 		return nil, err
 	}
 	if err := f.init(); err != nil {
 		_ = f.Release()
 		return nil, err
 	}
-	if o.Compact {
+	if o.Compact && !o.ReadOnly {
 		if err := f.compactIfMostlyFree(); err != nil {
 			_ = f.Release()
 			return nil, err
 		}
 	}
 	return f, nil
+}
+
+// create makes the file at path, whole: it initialises a file under a
+// temporary name in the same directory (bbolt's first pages, then the
+// buckets and format marker, each fsynced by bbolt), links it to path,
+// which fails if another opener made one first (that one is used), and
+// fsyncs the directory, so that the name is durable before the caller can
+// journal anything in the file. A crash leaves at most a temporary file
+// behind (named path.new-*), never used again.
+func create(path string, o Options) error {
+	e := o.Errors
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".new-*")
+	if err != nil {
+		return fmt.Errorf("%w: cannot create it: %w", e.Write, err)
+	}
+	name := tmp.Name()
+	_ = tmp.Close()
+	defer os.Remove(name)
+	nf := &File{o: o, path: name, real: name}
+	nf.o.Compact = false
+	if err := nf.openLocked(o.LockTimeout); err != nil {
+		return err
+	}
+	err = nf.init()
+	if rerr := nf.Release(); err == nil && rerr != nil {
+		err = fmt.Errorf("%w: %w", e.Write, rerr)
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Link(name, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: cannot create it: %w", e.Write, err)
+	}
+	_ = os.Remove(name)
+	return syncDir(dir, e)
+}
+
+// syncDir fsyncs dir, so that the names made or changed in it are durable.
+func syncDir(dir string, e Errors) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("%w: open its directory to sync it: %w", e.Write, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%w: sync its directory: %w", e.Write, err)
+	}
+	return nil
+}
+
+// unborn says why a file bbolt refused never held a record, or "": a file
+// of at most bbolt's first four pages (a file grows past them at its first
+// commit, before that commit's meta page is written) without a valid meta
+// page of a commit (transaction 2 or later) was being created when the
+// machine stopped, by a release of idem that created files in place.
+func unborn(path string) string {
+	b, err := os.ReadFile(path)
+	ps := os.Getpagesize()
+	if err != nil || len(b) > 4*ps {
+		return ""
+	}
+	for _, off := range []int{0, ps} {
+		if off+80 <= len(b) && validMeta(b[off:off+80]) && binary.LittleEndian.Uint64(b[off+64:]) >= 2 {
+			return ""
+		}
+	}
+	return fmt.Sprintf("the file (%d bytes) never completed its first commit: it was being created when the machine stopped, "+
+		"so no key was ever journaled in it; remove it to start a new one", len(b))
+}
+
+// validMeta reports whether m (the first 80 bytes of a bbolt meta page)
+// has bbolt's magic and a valid checksum: page header (16 bytes), then
+// magic, version, page size, flags (4 each), root bucket (16), freelist,
+// pgid, txid (8 each) and checksum, FNV-64a of the meta's bytes before it.
+func validMeta(m []byte) bool {
+	const magic = 0xED0CDAED
+	if binary.LittleEndian.Uint32(m[16:]) != magic {
+		return false
+	}
+	h := fnv.New64a()
+	h.Write(m[16:72])
+	return h.Sum64() == binary.LittleEndian.Uint64(m[72:])
 }
 
 // Modified returns the file's modification time when Open found it, or
@@ -202,6 +317,7 @@ func (f *File) openLocked(timeout time.Duration) (err error) {
 	f.file = nil
 	f.db, err = bolt.Open(f.real, 0o600, &bolt.Options{
 		Timeout:      timeout,
+		ReadOnly:     f.o.ReadOnly,
 		FreelistType: bolt.FreelistMapType,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			file, err := os.OpenFile(name, flag, perm)
@@ -272,6 +388,25 @@ func (f *File) init() error {
 	})
 	if err != nil || ready {
 		return err
+	}
+	if o.ReadOnly || o.BucketsRequired {
+		err := f.View(func(tx *bolt.Tx) error {
+			if tx.Bucket(o.Meta) == nil {
+				if !o.ReadOnly {
+					return nil // a new file, or a foreign one: the Update below tells
+				}
+				return fmt.Errorf("%w: not %s (no format marker)", e.Corrupt, o.Foreign)
+			}
+			for _, name := range o.Buckets {
+				if tx.Bucket(name) == nil {
+					return fmt.Errorf("%w: the %s file has its format marker but no %s bucket: it is damaged", e.Corrupt, o.Kind, name)
+				}
+			}
+			return nil
+		})
+		if err != nil || o.ReadOnly {
+			return err
+		}
 	}
 	return f.Update(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(o.Meta); m != nil {

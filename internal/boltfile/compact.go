@@ -13,9 +13,11 @@ import (
 // Compaction at Open: a file of at least CompactMinSize bytes of which
 // more than CompactFreeRatio is free pages (after a burst of traffic that
 // retention has since swept) is rewritten into a new file that replaces it.
-const (
-	CompactMinSize   = 16 << 20
-	CompactFreeRatio = 0.5
+// They are variables only so that the crash-state harness can compact the
+// small files of its workloads; nothing else changes them.
+var (
+	CompactMinSize   int64 = 16 << 20
+	CompactFreeRatio       = 0.5
 )
 
 // compactIfMostlyFree rewrites a mostly free file into a new one and

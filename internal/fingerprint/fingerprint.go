@@ -6,6 +6,7 @@ package fingerprint
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"hash"
 	"io"
 	"net/http"
 )
@@ -49,12 +50,29 @@ func Sum(method, url string, h http.Header, body []byte) [32]byte {
 // two apart), so a payload fingerprinted one way is always fingerprinted
 // that way.
 func SumReader(method, url string, h http.Header, body io.Reader) ([32]byte, error) {
-	d := sha256.New()
+	s := NewStream(method, url, h)
+	if _, err := io.Copy(s, body); err != nil {
+		return [32]byte{}, err
+	}
+	return s.Sum(), nil
+}
+
+// Stream is SumReader fed by writes: the body's bytes as they stream to
+// the server, so that every attempt of a body too large to journal is
+// checked against the fingerprint taken of it.
+type Stream struct {
+	d    hash.Hash
+	size uint64
+}
+
+// NewStream returns the Stream of a body sent with method, url and h.
+func NewStream(method, url string, h http.Header) *Stream {
+	s := &Stream{d: sha256.New()}
 	var n [8]byte
 	put := func(b []byte) {
 		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		d.Write(n[:])
-		d.Write(b)
+		s.d.Write(n[:])
+		s.d.Write(b)
 	}
 	put([]byte("streamed"))
 	put([]byte(method))
@@ -65,13 +83,23 @@ func SumReader(method, url string, h http.Header, body io.Reader) ([32]byte, err
 			put([]byte(v))
 		}
 	}
-	size, err := io.Copy(d, body)
-	if err != nil {
-		return [32]byte{}, err
-	}
-	binary.BigEndian.PutUint64(n[:], uint64(size))
+	return s
+}
+
+// Write adds body bytes; it never fails.
+func (s *Stream) Write(p []byte) (int, error) {
+	s.size += uint64(len(p))
+	return s.d.Write(p)
+}
+
+// Sum returns the fingerprint of the body written so far, taken as its
+// whole. It ends the stream: write nothing after it.
+func (s *Stream) Sum() [32]byte {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], s.size)
+	d := s.d
 	d.Write(n[:])
 	var out [32]byte
 	d.Sum(out[:0])
-	return out, nil
+	return out
 }
