@@ -81,7 +81,7 @@ func TestPgBouncerServerStore(t *testing.T) {
 	s := openServerStore(t, bouncer, pgtest.Schema(t, dsn))
 	table := ordersTable(t, s)
 	runs := 0
-	h := idemserver.New(s).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemserver.New(s, idemserver.WithSingleTenant()).Required(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		if _, err := pgstore.Tx(r.Context()).Exec(r.Context(), `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
