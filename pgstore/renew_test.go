@@ -34,7 +34,7 @@ func TestRenewalsNotStarvedByRequestTransactions(t *testing.T) {
 	const lease = 2 * time.Second
 	var held sync.WaitGroup
 	held.Add(2)
-	h := idemserver.New(s, idemserver.WithSingleTenant(), idemserver.WithLease(lease), idemserver.WithSweepInterval(-1)).Required(
+	h := idemserver.New(s, idemserver.WithLease(lease), idemserver.WithSweepInterval(-1), idemserver.WithSingleTenant()).Required(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tx := pgstore.Tx(r.Context())
 			if _, err := tx.Exec(r.Context(), `SELECT 1`); err != nil {

@@ -16,6 +16,7 @@
 //
 //	-child        the server in a child process (as the go test benchmarks run it)
 //	-base256      give idem's base transport MaxIdleConnsPerHost 256 too
+//	-stdbase      give idem http.DefaultTransport (2 idle per host), the default before round 5
 //	-onejournal   open only the journal being measured, not both side by side
 //	-fresh        a fresh journal for every window (the benchmarks' b.TempDir)
 //
@@ -60,6 +61,7 @@ var (
 	shmDir     = flag.String("shm", "/dev/shm", "directory on tmpfs for the tmpfs journal")
 	child      = flag.Bool("child", false, "run the server in a child process")
 	base256    = flag.Bool("base256", false, "give idem's base transport MaxIdleConnsPerHost 256")
+	stdBase    = flag.Bool("stdbase", false, "give idem http.DefaultTransport itself (2 idle connections per host), as releases before round 5 did by default")
 	oneJournal = flag.Bool("onejournal", false, "open only the journal being measured")
 	fresh      = flag.Bool("fresh", false, "a fresh journal for every window")
 	serveFlag  = flag.Bool("serve", false, "internal: be the child server")
@@ -101,8 +103,8 @@ func main() {
 	}
 	defer os.RemoveAll(shm)
 
-	fmt.Printf("# %s, GOMAXPROCS %s, child=%v base256=%v onejournal=%v fresh=%v, %d rounds of %v after %v\n",
-		time.Now().UTC().Format(time.RFC3339), os.Getenv("GOMAXPROCS"), *child, *base256, *oneJournal, *fresh, *rounds, *window, *warmup)
+	fmt.Printf("# %s, GOMAXPROCS %s, child=%v base256=%v stdbase=%v onejournal=%v fresh=%v, %d rounds of %v after %v\n",
+		time.Now().UTC().Format(time.RFC3339), os.Getenv("GOMAXPROCS"), *child, *base256, *stdBase, *oneJournal, *fresh, *rounds, *window, *warmup)
 	putRate := boltPutRate(dir)
 	fmt.Printf("bbolt single-Put commits on disk: %.0f/s\n", putRate)
 
@@ -131,8 +133,11 @@ func bareTransport() *http.Transport {
 
 func openIdem(path string) (func(*http.Request) (*http.Response, error), func()) {
 	var opts []idem.Option
-	if *base256 {
+	switch {
+	case *base256:
 		opts = append(opts, idem.WithBaseTransport(bareTransport()))
+	case *stdBase:
+		opts = append(opts, idem.WithBaseTransport(http.DefaultTransport))
 	}
 	c, err := idem.Open(path, opts...)
 	if err != nil {
