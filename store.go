@@ -83,7 +83,7 @@ var (
 	ErrRecordVersion = idemstore.ErrRecordVersion
 	// ErrJournalWrite is idemstore.ErrJournalWrite: a change could not be made durable.
 	ErrJournalWrite = idemstore.ErrJournalWrite
-	// ErrOutcomeUnknown is idemstore.ErrOutcomeUnknown: a change went to the journal and its answer was lost.
+	// ErrOutcomeUnknown is idemstore.ErrOutcomeUnknown: a change went to the journal and its outcome is unknown (its answer lost, or its commit failed after it may have reached the disk).
 	ErrOutcomeUnknown = idemstore.ErrOutcomeUnknown
 	// ErrClosed is idemstore.ErrClosed: the journal or Client was closed.
 	ErrClosed = idemstore.ErrClosed

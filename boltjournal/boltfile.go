@@ -41,8 +41,9 @@ type Options struct {
 	Logger *slog.Logger
 	// OnWriteError, if set, is called (on the goroutine that led the
 	// commit, a caller's or the store's timer; it must not block) when a commit carrying changes queued by Attempt
-	// or Finish failed. Those changes are kept and ride the next commit;
-	// Close returns an error if they still cannot be written.
+	// or Finish failed. Those changes are kept and ride the next commit
+	// (after a failed fsync the store refuses them with every write: see
+	// Store); Close returns an error if they still cannot be written.
 	OnWriteError func(error)
 	// OnCommit, if set, is called on the goroutine that led the commit (a
 	// caller's, or the store's timer) after every group commit with the number of changes it carried, how long it

@@ -21,8 +21,8 @@
 // The first request with a key runs the handler under
 // a lease on the key; a concurrent one gets 409 with Retry-After; a later
 // one gets the stored response with "Idempotent-Replayed: true"; one with
-// another payload gets 422. 5xx answers and panics are not stored, so the
-// client may retry; an answer that cannot be stored is never sent as a
+// another payload gets 422. 5xx, 408, 425 and 429 answers and panics are
+// not stored, so the client may retry; an answer that cannot be stored is never sent as a
 // 2xx (503 instead), and one too large to keep leaves a "done, not kept"
 // record rather than a second run. Safe methods pass through. See
 // Middleware for the whole contract.

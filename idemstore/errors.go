@@ -16,13 +16,17 @@ var (
 	// version of idem than this one.
 	ErrRecordVersion = errors.New("idem: journal record has an unknown version")
 	// ErrJournalWrite is returned when a change could not be made durable
-	// (a full disk, a read-only file, an I/O error), or when the journal
-	// cannot be reached at all (a database that is down). A request whose
+	// (a full disk, a read-only file, an I/O error), when a bbolt journal
+	// refuses writes after an earlier commit failed (until it is opened
+	// again), or when the journal cannot be reached at all (a database
+	// that is down). A request whose
 	// reservation fails this way is not sent.
 	ErrJournalWrite = errors.New("idem: journal write failed")
 	// ErrOutcomeUnknown is returned when a change went to the journal and
 	// its answer was lost (a connection that broke or a deadline that
-	// passed after the change was sent): it may be durable or not. A
+	// passed after the change was sent), or when a commit failed after it
+	// may have reached the disk (boltjournal: a failed fdatasync once its
+	// meta page was written): it may be durable or not. A
 	// request whose reservation fails this way is not sent by this call,
 	// but its key may be journaled: the *Error carries that key with
 	// StatePending, the operation is in doubt, and a re-drive of its name

@@ -2,7 +2,8 @@
 // idem.Open and idem.OpenBoltStore use, or the PostgreSQL journal of
 // package pgstore that an application's replicas share. It lists and shows
 // operations, resumes or expires the pending ones, sweeps old finished
-// ones, checks a file for damage and counts what the journal holds.
+// ones, checks a file for damage and counts what the journal holds; and
+// "idem check" asks an API whether it honours keys (it needs no journal).
 //
 // Usage:
 //
