@@ -103,7 +103,7 @@ func newClient(store KeyStore, cfg config) *Client {
 	if err := j.adoptPolicy(cfg.journalPolicy()); errors.Is(err, ErrPolicyConflict) {
 		j.refused = err
 	} else if err != nil {
-		cfg.logger.Warn("idem: journal policy", "err", err)
+		cfg.logger.Warn("idem: journal policy", "exception.message", err)
 	}
 	if j.refused != nil {
 		return c // it sweeps nothing and resumes nothing

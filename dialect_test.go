@@ -111,6 +111,32 @@ func TestPerformedOfIgnoresOtherAnswers(t *testing.T) {
 	assert.False(t, ok)
 }
 
+// TestPerformedOfIgnoresUnkeyedAnswers: an answer to a request sent
+// without a key, a server's header of that name or a provider's performed
+// code on it, is no "performed under its key" answer either.
+func TestPerformedOfIgnoresUnkeyedAnswers(t *testing.T) {
+	rt := &scriptRT{steps: []step{
+		withHeader(body(200, `{}`), idem.PerformedHeader, "resource=X"),
+		body(409, goCardlessConflict),
+	}}
+	c, _ := newTestClient(rt, idem.WithProvider(idem.GoCardless), idem.WithMaxAttempts(1))
+	defer c.Close()
+	req, err := http.NewRequest(http.MethodGet, "http://api.test/x", nil)
+	require.NoError(t, err)
+	r, err := c.HTTPClient().Do(req)
+	require.NoError(t, err)
+	r.Body.Close()
+	_, ok := idem.PerformedOf(r)
+	assert.False(t, ok, "a GET's answer with the server's header")
+	req, err = http.NewRequest(http.MethodPost, "http://api.test/x", nil)
+	require.NoError(t, err)
+	r, err = c.HTTPClient().Do(req.WithContext(idem.WithoutKey(context.Background())))
+	require.NoError(t, err)
+	r.Body.Close()
+	_, ok = idem.PerformedOf(r)
+	assert.False(t, ok, "an unkeyed POST's 409 in the provider's performed code")
+}
+
 // TestReDriveSendsUnderTheOperationsKeyHeader: an operation journaled
 // under PayPal-Request-Id, left in doubt, and re-driven by name from a
 // Client with the default header is sent under PayPal-Request-Id.

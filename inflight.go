@@ -193,19 +193,11 @@ func (c *calls) count() int {
 	return c.n
 }
 
-// waitFor waits until ch is closed (if not nil) or d has passed (if d > 0),
-// or ctx ends, and then returns its cause.
-func waitFor(ctx context.Context, ch <-chan struct{}, d time.Duration) error {
-	var tc <-chan time.Time
-	if d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		tc = t.C
-	}
+// waitFor waits until ch is closed or ctx ends, and then returns nil or
+// ctx's cause. (A wait for a time alone is sleep's.)
+func waitFor(ctx context.Context, ch <-chan struct{}) error {
 	select {
 	case <-ch:
-		return nil
-	case <-tc:
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

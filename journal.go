@@ -97,7 +97,7 @@ func (j *journal) measureClock() {
 	j.measured.Store(after.UnixNano())
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
-			j.log.Warn("idem: reading the store's clock", "err", err)
+			j.log.Warn("idem: reading the store's clock", "exception.message", err)
 		}
 		return
 	}
@@ -262,7 +262,7 @@ func (j *journal) releaseClaim(ctx context.Context, op Operation) {
 	defer j.flight.release(ids)
 	now := j.now()
 	if err := j.store.Renew(ctx, op.Key, Lease{Owner: j.owner, At: now, Until: now}); err != nil && !errors.Is(err, ErrLeaseLost) {
-		j.log.Warn("idem: releasing a claimed operation", "idem.key", op.Key, "err", err)
+		j.log.Warn("idem: releasing a claimed operation", "idem.key", op.Key, "exception.message", err)
 	}
 }
 

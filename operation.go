@@ -133,7 +133,7 @@ func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matche
 		ids := flightIDs(op.Key, op.Name)
 		ids.e = &o.flight // released before each new try
 		if wait, key := j.flight.acquire(&ids); wait != nil {
-			if err := waitFor(ctx, wait, 0); err != nil {
+			if err := waitFor(ctx, wait); err != nil {
 				return &Error{Key: key, Name: op.Name, Cause: ErrInProgress, Err: err}
 			}
 			continue
@@ -146,7 +146,7 @@ func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matche
 		var ie *Error
 		switch {
 		case wait != nil: // the name's key is busy here; err says which
-			if werr := waitFor(ctx, wait, 0); werr != nil {
+			if werr := waitFor(ctx, wait); werr != nil {
 				errors.As(err, &ie)
 				ie.Err = werr
 				return ie
@@ -158,7 +158,7 @@ func (o *operation) begin(ctx context.Context, op Operation, mk [32]byte, matche
 			}
 			op.Key, matched = key, false
 		case errors.Is(err, ErrInProgress) && errors.As(err, &ie): // leased elsewhere
-			if werr := waitFor(ctx, nil, poll); werr != nil {
+			if werr := sleep(ctx, poll); werr != nil {
 				ie.Err = werr
 				return ie
 			}

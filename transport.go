@@ -504,7 +504,13 @@ func (u *unkeyed) changed() error { return nil }
 
 func (u *unkeyed) retrying(context.Context, try, time.Duration, string) {}
 
-func (u *unkeyed) deliver(resp *http.Response, _ verdict) *http.Response { return resp }
+// deliver hands resp over without PerformedHeader, the server's or a
+// provider's reading's: a request sent without a key was not performed
+// under one (see PerformedHeader).
+func (u *unkeyed) deliver(resp *http.Response, _ verdict) *http.Response {
+	delete(resp.Header, PerformedHeader)
+	return resp
+}
 
 func (u *unkeyed) stop(cause, err error) error {
 	switch {

@@ -81,3 +81,13 @@ func TestParseAndStates(t *testing.T) {
 		t.Errorf("after the directory sync and a failed fdatasync: gone %v (want false), dropped %v (want true)", gone, dropped)
 	}
 }
+
+// TestKindStringOutOfRange: a Kind no trace parses, such as a zero Op's
+// or one from a newer parser, prints as a number instead of panicking.
+func TestKindStringOutOfRange(t *testing.T) {
+	for k, want := range map[Kind]string{0: "?", Write: "write", Mark: "mark", Mark + 1: "Kind(11)", -1: "Kind(-1)"} {
+		if got := k.String(); got != want {
+			t.Errorf("Kind(%d).String() = %q, want %q", int(k), got, want)
+		}
+	}
+}

@@ -70,8 +70,14 @@ const (
 	Mark                     // write to the child's standard output (crashtest.Emit): Data
 )
 
+// String returns the kind's name ("write", "dirsync", ...), "?" for the
+// zero Kind, or "Kind(n)" for a value no constant names.
 func (k Kind) String() string {
-	return [...]string{"?", "write", "truncate", "sync", "dirsync", "create", "rename", "unlink", "link", "send", "mark"}[k]
+	names := [...]string{"?", "write", "truncate", "sync", "dirsync", "create", "rename", "unlink", "link", "send", "mark"}
+	if k < 0 || int(k) >= len(names) {
+		return "Kind(" + strconv.Itoa(int(k)) + ")"
+	}
+	return names[k]
 }
 
 // Op is one system call of the trace, in the order the calls returned.
@@ -89,6 +95,8 @@ type Op struct {
 	Injected bool
 }
 
+// String returns the op as one line of a listing: its index, kind, file
+// and what the kind carries.
 func (o Op) String() string {
 	s := fmt.Sprintf("#%d %s %s", o.Seq, o.Kind, filepath.Base(o.Path))
 	switch o.Kind {

@@ -18,6 +18,7 @@ type Error struct {
 	Err  error
 }
 
+// Error says what For gave up waiting for, and why.
 func (e *Error) Error() string { return "still waiting for " + e.What + ": " + e.Err.Error() }
 
 // Unwrap returns the context's cause, so that errors.Is(err,
