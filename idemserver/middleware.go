@@ -30,9 +30,12 @@ import (
 //   - a new key runs the handler under a lease that the middleware renews
 //     while the handler runs; its response is stored, then sent;
 //   - a key whose handler is still running gets 409 Conflict with
-//     Retry-After;
+//     Retry-After (with WithWait, after waiting that long for its answer,
+//     which it gets as a replay if it comes in time);
 //   - a key with a stored response gets that status, the replay headers
 //     and body again, with "Idempotent-Replayed: true";
+//   - a key used before with another payload gets 422 Unprocessable
+//     Content.
 //
 // What is stored is what went on the wire, by net/http's rules: the
 // header as it stood when the status was written (a handler's later
@@ -40,8 +43,6 @@ import (
 // after the body (replayed as trailers), the final status. Informational
 // answers (103 Early Hints) go out at once and are not replayed; 101
 // Switching Protocols is final, and leaves a "done, not kept" record.
-//   - a key used before with another payload gets 422 Unprocessable
-//     Content.
 //
 // Requests with a safe method (GET, HEAD, OPTIONS, TRACE) pass through
 // untouched unless WithSafeMethods says otherwise.
