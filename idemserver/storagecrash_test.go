@@ -325,13 +325,7 @@ func TestCrashStatesServerStore(t *testing.T) {
 		}
 	}
 	t.Logf("%d workloads, %d persistence points, %d crash states checked (%d distinct), %d refused before any answer was sent", len(ws), points, c.states, c.unique, c.refused)
-	for i, f := range failures {
-		if i == 10 {
-			t.Errorf("... and %d more", len(failures)-10)
-			break
-		}
-		t.Error(f)
-	}
+	crashstate.Report(t, failures)
 }
 
 // TestServerStoreFailedFdatasync: the Nth fdatasync (then pwrite64) of

@@ -486,3 +486,17 @@ func TempDir(t testing.TB) string {
 	}
 	return t.TempDir()
 }
+
+// Report fails t with each of failures, the first ten in full and a count
+// of the rest, so that a harness run that breaks everywhere stays
+// readable.
+func Report(t testing.TB, failures []string) {
+	t.Helper()
+	for i, f := range failures {
+		if i == 10 {
+			t.Errorf("... and %d more", len(failures)-10)
+			return
+		}
+		t.Error(f)
+	}
+}
