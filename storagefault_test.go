@@ -123,19 +123,15 @@ func sentBody(ops []crashstate.Op) map[string]string {
 // compaction, more POSTs.
 const faultWorkload = "PPPRCPP"
 
-// TestJournalFailedFdatasync: the Nth fdatasync of the journal fails with
-// EIO (then ENOSPC) during a run of keyed POSTs. A caller is told "no key
-// journaled" only when the reservation cannot be in the file; after a
-// failed fsync nothing new is sent; every crash state of the run keeps
-// every key sent.
-func TestJournalFailedFdatasync(t *testing.T) {
-	crashstate.Need(t)
-	c := newClientChecker(t)
-	fired, unknown := 0, 0
-	syncs, _ := calls(t, faultWorkload)
+// failEach runs faultWorkload once for each of the first n calls of
+// syscall, failing that call with EIO, then again with ENOSPC, and checks
+// each run (injectedRun). It returns how many runs the injection fired in
+// and how many calls were told outcome unknown; no run firing fails t.
+func failEach(t *testing.T, c *clientChecker, syscall string, n int) (fired, unknown int) {
+	t.Helper()
 	for _, errno := range []string{"EIO", "ENOSPC"} {
-		for n := 1; n <= syncs; n++ {
-			f, u := injectedRun(t, c, faultWorkload, fmt.Sprintf("fdatasync:error=%s:when=%d", errno, n))
+		for i := 1; i <= n; i++ {
+			f, u := injectedRun(t, c, faultWorkload, fmt.Sprintf("%s:error=%s:when=%d", syscall, errno, i))
 			if f {
 				fired++
 			}
@@ -145,6 +141,19 @@ func TestJournalFailedFdatasync(t *testing.T) {
 	if fired == 0 {
 		t.Fatal("no injection fired")
 	}
+	return fired, unknown
+}
+
+// TestJournalFailedFdatasync: the Nth fdatasync of the journal fails with
+// EIO (then ENOSPC) during a run of keyed POSTs. A caller is told "no key
+// journaled" only when the reservation cannot be in the file; after a
+// failed fsync nothing new is sent; every crash state of the run keeps
+// every key sent.
+func TestJournalFailedFdatasync(t *testing.T) {
+	crashstate.Need(t)
+	c := newClientChecker(t)
+	syncs, _ := calls(t, faultWorkload)
+	fired, unknown := failEach(t, c, "fdatasync", syncs)
 	if unknown == 0 {
 		t.Error("no failed fdatasync was reported as outcome unknown: the meta page's fdatasync was never hit")
 	}
@@ -155,20 +164,8 @@ func TestJournalFailedFdatasync(t *testing.T) {
 func TestJournalFailedWrite(t *testing.T) {
 	crashstate.Need(t)
 	c := newClientChecker(t)
-	fired, unknown := 0, 0
 	_, writes := calls(t, faultWorkload)
-	for _, errno := range []string{"EIO", "ENOSPC"} {
-		for n := 1; n <= writes; n++ {
-			f, u := injectedRun(t, c, faultWorkload, fmt.Sprintf("pwrite64:error=%s:when=%d", errno, n))
-			if f {
-				fired++
-			}
-			unknown += u
-		}
-	}
-	if fired == 0 {
-		t.Fatal("no injection fired")
-	}
+	fired, unknown := failEach(t, c, "pwrite64", writes)
 	t.Logf("%d runs with a failed pwrite64, %d calls told outcome unknown; %d crash states checked", fired, unknown, c.states)
 }
 
