@@ -1,7 +1,6 @@
 package pgstore_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -71,33 +69,12 @@ func newBase() *http.Transport {
 	return t
 }
 
-// post sends b.N POSTs with inflight of them in flight at once.
+// post sends b.N POSTs with inflight of them in flight at once, timed.
 func post(b *testing.B, do func(*http.Request) (*http.Response, error), url string, body []byte, inflight int) {
 	b.Helper()
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	b.ReportAllocs()
 	b.ResetTimer()
-	for range inflight {
-		wg.Go(func() {
-			for next.Add(1) <= int64(b.N) {
-				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(body))
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := do(req)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusCreated {
-					b.Errorf("status %d", resp.StatusCode)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	postN(b, do, url, body, inflight, int64(b.N))
 	b.StopTimer()
 }
 

@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -135,22 +136,22 @@ func benchReplicas(b *testing.B, url string, body []byte, replicas, inflight int
 	b.ReportMetric(float64(tr.stmts.Load())/f, "statements/op")
 	b.ReportMetric(float64(tr.trips.Load())/f, "tx/op")
 	b.ReportMetric(float64(pgUsed.Microseconds())/f, "pg-cpu-us/op")
-	if g := c0(tr.groups.Load()); g > 0 {
+	if g := float64(tr.groups.Load()); g > 0 {
 		b.ReportMetric(float64(tr.reserved.Load())/g, "reserve-group")
 		b.ReportMetric(float64(tr.groupNanos.Load())/g/1e6, "reserve-group-ms")
 	}
 	report(b, n, elapsed, used)
 }
 
-// postN is post for one replica of several: its inflight goroutines send
-// until the replica's share is sent.
+// postN sends n POSTs with inflight of them in flight at once (for one
+// replica of several: its share), untimed; post is its timed form.
 func postN(b *testing.B, do func(*http.Request) (*http.Response, error), url string, body []byte, inflight int, n int64) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range inflight {
 		wg.Go(func() {
 			for next.Add(1) <= n {
-				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, strings.NewReader(string(body)))
+				req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				resp, err := do(req)
 				if err != nil {
@@ -168,8 +169,6 @@ func postN(b *testing.B, do func(*http.Request) (*http.Response, error), url str
 	}
 	wg.Wait()
 }
-
-func c0(n int64) float64 { return float64(n) }
 
 func report(b *testing.B, n int, elapsed, cpu time.Duration) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-us/op")
