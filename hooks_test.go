@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/logtest"
 	"github.com/idemgo/idem/internal/replaytest"
 )
 
@@ -183,7 +184,7 @@ func TestJournalErrorHook(t *testing.T) {
 				failures []idem.JournalErrorInfo
 				settled  int
 			)
-			logs := &logRecords{}
+			logs := &logtest.Records{}
 			c := idem.New(store, idem.WithBaseTransport(okRT{}), idem.WithLogger(slog.New(logs)), idem.WithHooks(&idem.Hooks{
 				JournalError: func(e idem.JournalErrorInfo) { mu.Lock(); failures = append(failures, e); mu.Unlock() },
 				Settled:      func(idem.OperationInfo) { mu.Lock(); settled++; mu.Unlock() },
@@ -200,8 +201,8 @@ func TestJournalErrorHook(t *testing.T) {
 			defer mu.Unlock()
 			assert.Equal(t, tc.wantSettled, settled, "Settled calls")
 			errorLines := 0
-			for _, r := range logs.find("idem: journal write failed") {
-				if r.level == slog.LevelError {
+			for _, r := range logs.Find("idem: journal write failed") {
+				if r.Level == slog.LevelError {
 					errorLines++
 				}
 			}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/fingerprint"
+	"github.com/idemgo/idem/internal/logtest"
 )
 
 // heldRT is a base RoundTripper that holds every request until release is
@@ -448,18 +449,18 @@ func TestClientOptionsAndEdges(t *testing.T) {
 	})
 	t.Run("in doubt is logged at Warn with the key", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			logs := &logRecords{}
+			logs := &logtest.Records{}
 			rt := &scriptRT{steps: []step{fail(errReset)}}
 			c, _ := newTestClient(rt, idem.WithMaxAttempts(1), idem.WithLogger(slog.New(logs)))
 			defer c.Close()
 			key := leavePending(t, c, rt, context.Background(), "{}")
 			found := false
-			for _, r := range logs.find("idem: operation left in doubt") {
-				if r.level == slog.LevelWarn && r.attrs["idem.key"].String() == key {
+			for _, r := range logs.Find("idem: operation left in doubt") {
+				if r.Level == slog.LevelWarn && r.Attrs["idem.key"].String() == key {
 					found = true
 				}
 			}
-			assert.True(t, found, "a Warn record with idem.key=%s among %d records", key, logs.len())
+			assert.True(t, found, "a Warn record with idem.key=%s among %d records", key, logs.Len())
 		})
 	})
 }

@@ -15,54 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/logtest"
 )
-
-// logRecords is a slog.Handler that keeps every record, with its
-// attributes flattened by name.
-type logRecords struct {
-	mu   sync.Mutex
-	recs []logRecord
-}
-
-type logRecord struct {
-	level slog.Level
-	msg   string
-	attrs map[string]slog.Value
-}
-
-func (h *logRecords) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecords) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *logRecords) WithGroup(string) slog.Handler            { return h }
-func (h *logRecords) Handle(_ context.Context, r slog.Record) error {
-	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]slog.Value{}}
-	r.Attrs(func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.Resolve()
-		return true
-	})
-	h.mu.Lock()
-	h.recs = append(h.recs, rec)
-	h.mu.Unlock()
-	return nil
-}
-
-// find returns the records with message msg.
-func (h *logRecords) find(msg string) []logRecord {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []logRecord
-	for _, r := range h.recs {
-		if r.msg == msg {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func (h *logRecords) len() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.recs)
-}
 
 // logRT answers by path: /flaky gets a 503 on its first request and 201
 // after, /lost never gets an answer.
@@ -120,47 +74,47 @@ func callPaths(t *testing.T, c *idem.Client) {
 }
 
 func TestLoggerRecordsRetriesAndDoubt(t *testing.T) {
-	h := &logRecords{}
+	h := &logtest.Records{}
 	logCalls(t, idem.WithLogger(slog.New(h)))
 
-	retries := h.find("idem: retrying")
+	retries := h.Find("idem: retrying")
 	require.Len(t, retries, 2, "one Debug record per retry: pay:flaky once, pay:lost once")
 	for _, r := range retries {
-		assert.Equal(t, slog.LevelDebug, r.level)
-		assert.NotEmpty(t, r.attrs["idem.key"].String())
-		require.Contains(t, r.attrs, "http.request.resend_count")
-		assert.Equal(t, int64(1), r.attrs["http.request.resend_count"].Int64(), "the first retry is resend 1")
-		assert.NotEmpty(t, r.attrs["idem.reason"].String())
-		assert.LessOrEqual(t, r.attrs["idem.retry.delay_ms"].Float64(), 1.0, "the delay in milliseconds, at most the 1 ms backoff")
-		assert.Equal(t, "backoff", r.attrs["idem.retry.delay_source"].String())
-		assert.NotContains(t, r.attrs, "idem.wait")
+		assert.Equal(t, slog.LevelDebug, r.Level)
+		assert.NotEmpty(t, r.Attrs["idem.key"].String())
+		require.Contains(t, r.Attrs, "http.request.resend_count")
+		assert.Equal(t, int64(1), r.Attrs["http.request.resend_count"].Int64(), "the first retry is resend 1")
+		assert.NotEmpty(t, r.Attrs["idem.reason"].String())
+		assert.LessOrEqual(t, r.Attrs["idem.retry.delay_ms"].Float64(), 1.0, "the delay in milliseconds, at most the 1 ms backoff")
+		assert.Equal(t, "backoff", r.Attrs["idem.retry.delay_source"].String())
+		assert.NotContains(t, r.Attrs, "idem.wait")
 	}
-	reasons := []string{retries[0].attrs["idem.reason"].String(), retries[1].attrs["idem.reason"].String()}
+	reasons := []string{retries[0].Attrs["idem.reason"].String(), retries[1].Attrs["idem.reason"].String()}
 	assert.ElementsMatch(t, []string{"503", "connection closed"}, reasons)
-	assert.ElementsMatch(t, []string{"pay:flaky", "pay:lost"}, []string{retries[0].attrs["idem.operation"].String(), retries[1].attrs["idem.operation"].String()})
+	assert.ElementsMatch(t, []string{"pay:flaky", "pay:lost"}, []string{retries[0].Attrs["idem.operation"].String(), retries[1].Attrs["idem.operation"].String()})
 
-	answered := h.find("idem: answered after retries")
+	answered := h.Find("idem: answered after retries")
 	require.Len(t, answered, 1, "one Info record for the call that needed a retry")
-	assert.Equal(t, slog.LevelInfo, answered[0].level)
-	assert.Equal(t, "pay:flaky", answered[0].attrs["idem.operation"].String())
-	assert.Equal(t, int64(201), answered[0].attrs["http.response.status_code"].Int64())
-	assert.Equal(t, int64(2), answered[0].attrs["idem.attempts"].Int64())
-	assert.Contains(t, answered[0].attrs, "idem.elapsed_ms")
+	assert.Equal(t, slog.LevelInfo, answered[0].Level)
+	assert.Equal(t, "pay:flaky", answered[0].Attrs["idem.operation"].String())
+	assert.Equal(t, int64(201), answered[0].Attrs["http.response.status_code"].Int64())
+	assert.Equal(t, int64(2), answered[0].Attrs["idem.attempts"].Int64())
+	assert.Contains(t, answered[0].Attrs, "idem.elapsed_ms")
 
-	doubt := h.find("idem: operation left in doubt")
+	doubt := h.Find("idem: operation left in doubt")
 	require.Len(t, doubt, 1)
-	assert.Equal(t, slog.LevelWarn, doubt[0].level)
-	assert.Equal(t, "pay:lost", doubt[0].attrs["idem.operation"].String())
-	assert.NotEmpty(t, doubt[0].attrs["idem.key"].String())
-	assert.Equal(t, retries[1].attrs["idem.key"].String(), doubt[0].attrs["idem.key"].String(), "the retried key is the key left in doubt")
-	assert.Contains(t, doubt[0].attrs["exception.message"].String(), "unexpected EOF")
+	assert.Equal(t, slog.LevelWarn, doubt[0].Level)
+	assert.Equal(t, "pay:lost", doubt[0].Attrs["idem.operation"].String())
+	assert.NotEmpty(t, doubt[0].Attrs["idem.key"].String())
+	assert.Equal(t, retries[1].Attrs["idem.key"].String(), doubt[0].Attrs["idem.key"].String(), "the retried key is the key left in doubt")
+	assert.Contains(t, doubt[0].Attrs["exception.message"].String(), "unexpected EOF")
 
-	for _, r := range h.recs {
-		for k, v := range r.attrs {
-			assert.NotContains(t, v.String(), `"amount"`, "no body in %q of %q", k, r.msg)
-			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.msg)
+	for _, r := range h.All() {
+		for k, v := range r.Attrs {
+			assert.NotContains(t, v.String(), `"amount"`, "no body in %q of %q", k, r.Msg)
+			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.Msg)
 			if v.Kind() == slog.KindDuration {
-				t.Errorf("attribute %q of %q is a bare duration (nanoseconds in JSON)", k, r.msg)
+				t.Errorf("attribute %q of %q is a bare duration (nanoseconds in JSON)", k, r.Msg)
 			}
 		}
 	}
@@ -177,7 +131,7 @@ var logStyle = map[string]bool{
 }
 
 func TestLoggerResumedOperations(t *testing.T) {
-	h := &logRecords{}
+	h := &logtest.Records{}
 	path := filepath.Join(t.TempDir(), "journal.db")
 	first, err := idem.Open(path, idem.WithBaseTransport(&logRT{seen: map[string]int{}}),
 		idem.WithMaxAttempts(2), idem.WithBackoff(time.Millisecond, time.Millisecond))
@@ -192,14 +146,14 @@ func TestLoggerResumedOperations(t *testing.T) {
 			resp.Body.Close()
 		}
 	}))
-	took := h.find("idem: resume took operation")
+	took := h.Find("idem: resume took operation")
 	require.Len(t, took, 1, "one Debug record per operation Resume took")
-	assert.Equal(t, slog.LevelDebug, took[0].level)
-	assert.Equal(t, "pay:lost", took[0].attrs["idem.operation"].String())
-	assert.True(t, took[0].attrs["idem.sent"].Bool())
-	for _, r := range h.recs {
-		for k := range r.attrs {
-			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.msg)
+	assert.Equal(t, slog.LevelDebug, took[0].Level)
+	assert.Equal(t, "pay:lost", took[0].Attrs["idem.operation"].String())
+	assert.True(t, took[0].Attrs["idem.sent"].Bool())
+	for _, r := range h.All() {
+		for k := range r.Attrs {
+			assert.Contains(t, logStyle, k, "attribute %q of %q is in the one style", k, r.Msg)
 		}
 	}
 }
@@ -207,14 +161,14 @@ func TestLoggerResumedOperations(t *testing.T) {
 func TestLoggerSilentByDefault(t *testing.T) {
 	// idem must not fall back to slog.Default: point it at a recorder for
 	// the length of this test.
-	h := &logRecords{}
+	h := &logtest.Records{}
 	prev := slog.Default()
 	slog.SetDefault(slog.New(h))
 	defer slog.SetDefault(prev)
 
 	logCalls(t)
 	logCalls(t, idem.WithLogger(nil))
-	assert.Zero(t, h.len(), "records: %+v", h.recs)
+	assert.Zero(t, h.Len(), "records: %+v", h.All())
 }
 
 func TestJournalCommitHook(t *testing.T) {

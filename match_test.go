@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/idemtest"
+	"github.com/idemgo/idem/internal/logtest"
 )
 
 // chargeServer is an idemtest server whose handler counts its effects
@@ -197,7 +198,7 @@ func TestResendMatchHoldsManyCalls(t *testing.T) {
 // first is logged.
 func TestResendMatchLimitEvictsOldest(t *testing.T) {
 	rt := &firstLostRT{}
-	logs := &logRecords{}
+	logs := &logtest.Records{}
 	c := idem.New(idem.NewMemoryStore(), idem.WithBaseTransport(rt), idem.WithMaxAttempts(1),
 		idem.WithResendMatchLimit(3), idem.WithLogger(slog.New(logs)))
 	defer c.Close()
@@ -218,7 +219,7 @@ func TestResendMatchLimitEvictsOldest(t *testing.T) {
 	inDoubt("d") // evicts b, the oldest
 	inDoubt("e") // evicts c
 	assert.Equal(t, idem.ResendMatchStats{Held: 3, Evicted: 2}, c.ResendMatchStats())
-	assert.Len(t, logs.find(matchFullMsg), 1, "logged once")
+	assert.Len(t, logs.Find(matchFullMsg), 1, "logged once")
 
 	for _, b := range []string{"a", "b", "c", "d", "e"} {
 		r, err := post(t, context.Background(), hc, b)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgo/idem/boltjournal"
 	"github.com/idemgo/idem/idemstore"
+	"github.com/idemgo/idem/internal/logtest"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -446,7 +447,7 @@ func TestBoltStoreSweepLogsRecordItCannotDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logged := &logRecords{}
+	logged := &logtest.Records{}
 	s, err := boltjournal.Open(path, &boltjournal.Options{Logger: slog.New(logged)})
 	if err != nil {
 		t.Fatal(err)
@@ -455,8 +456,8 @@ func TestBoltStoreSweepLogsRecordItCannotDecode(t *testing.T) {
 	if n, err := s.Sweep(t.Context(), time.Now().Add(time.Hour)); err != nil || n != 0 {
 		t.Fatalf("Sweep = %d, %v; want 0 swept", n, err)
 	}
-	warned := logged.find("idem: sweep kept unreadable record")
-	if len(warned) != 1 || warned[0].attrs["key"].String() != "undecodable" {
+	warned := logged.Find("idem: sweep kept unreadable record")
+	if len(warned) != 1 || warned[0].Attrs["key"].String() != "undecodable" {
 		t.Fatalf("Sweep warned %v; want one warning naming the record it kept", warned)
 	}
 }

@@ -1,10 +1,7 @@
 package boltjournal_test
 
 import (
-	"context"
-	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,45 +40,4 @@ func keys(ops []idemstore.Operation) []string {
 		ks = append(ks, op.Key)
 	}
 	return ks
-}
-
-// logRecords is a slog.Handler that keeps every record, with its
-// attributes flattened by name.
-type logRecords struct {
-	mu   sync.Mutex
-	recs []logRecord
-}
-
-type logRecord struct {
-	level slog.Level
-	msg   string
-	attrs map[string]slog.Value
-}
-
-func (h *logRecords) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logRecords) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *logRecords) WithGroup(string) slog.Handler            { return h }
-func (h *logRecords) Handle(_ context.Context, r slog.Record) error {
-	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]slog.Value{}}
-	r.Attrs(func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.Resolve()
-		return true
-	})
-	h.mu.Lock()
-	h.recs = append(h.recs, rec)
-	h.mu.Unlock()
-	return nil
-}
-
-// find returns the records with message msg.
-func (h *logRecords) find(msg string) []logRecord {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []logRecord
-	for _, r := range h.recs {
-		if r.msg == msg {
-			out = append(out, r)
-		}
-	}
-	return out
 }
