@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,6 +66,8 @@ var (
 	oneJournal = flag.Bool("onejournal", false, "open only the journal being measured")
 	fresh      = flag.Bool("fresh", false, "a fresh journal for every window")
 	serveFlag  = flag.Bool("serve", false, "internal: be the child server")
+	only       = flag.String("only", "", "measure only this contestant (net/http, idem-tmpfs, idem-disk), for profiling")
+	cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the last measured window to this file")
 )
 
 func handler(w http.ResponseWriter, r *http.Request) {
@@ -176,6 +179,18 @@ func runAt(inflight int, url, disk, shm string, putRate float64) {
 			open(c, 0)
 		}
 	}
+	if *only != "" {
+		cs = slices.DeleteFunc(cs, func(c *contestant) bool {
+			if c.name != *only {
+				closeIdem(c)
+				return true
+			}
+			return false
+		})
+		if len(cs) == 0 {
+			log.Fatalf("-only %q: no such contestant", *only)
+		}
+	}
 	res := make(map[string][]sample)
 	for r := range *rounds {
 		for _, c := range cs {
@@ -202,7 +217,7 @@ func runAt(inflight int, url, disk, shm string, putRate float64) {
 	}
 	rps := func(s sample) float64 { return s.rps }
 	cpu := func(s sample) float64 { return s.cpu }
-	base := med("net/http", rps)
+	base := med(cs[0].name, rps)
 	fmt.Printf("\n%d in flight:\n", inflight)
 	for _, c := range cs {
 		var per []string
@@ -212,7 +227,7 @@ func runAt(inflight int, url, disk, shm string, putRate float64) {
 		fmt.Printf("  %-10s %8.0f req/s  %6.1f cpu-µs/req  ÷ net/http %.2f (per round %s)\n",
 			c.name, med(c.name, rps), med(c.name, cpu), med(c.name, rps)/base, strings.Join(per, " "))
 	}
-	if inflight == 1 {
+	if inflight == 1 && len(res["idem-disk"]) > 0 {
 		fmt.Printf("  idem-disk ÷ bbolt single-Put commits: %.2f\n", med("idem-disk", rps)/putRate)
 	}
 }
@@ -248,6 +263,17 @@ func measure(inflight int, url string, do func(*http.Request) (*http.Response, e
 		})
 	}
 	time.Sleep(*warmup)
+	if *cpuProfile != "" {
+		f, err := os.OpenFile(*cpuProfile, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cpu0 := cpuTime()
 	t0 := time.Now()
 	counting.Store(true)
