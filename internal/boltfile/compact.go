@@ -26,7 +26,9 @@ var (
 // between; f then holds the new file. A crash leaves either the old file
 // or the complete new one under the name (and perhaps a leftover
 // ".compact" file, removed by the next compaction). A path that is a
-// symbolic link stays one: the file it names is replaced.
+// symbolic link stays one: the file it names is replaced. If the
+// directory's fsync after the rename fails, Open fails (Errors.Write):
+// the compacted file keeps the name, and the next Open uses it.
 func (f *File) compactIfMostlyFree() error {
 	e := f.o.Errors
 	st := f.db.Stats()
@@ -73,9 +75,14 @@ func (f *File) compactIfMostlyFree() error {
 		_ = os.Remove(tmp)
 		return err
 	}
-	if d, err := os.Open(filepath.Dir(f.real)); err == nil {
-		_ = d.Sync() // make the rename durable
-		_ = d.Close()
+	// The rename must be durable before the new file takes a write: a
+	// power loss could otherwise bring back the old file under the name,
+	// without what was committed to the new one since. The new file keeps
+	// the name (it holds all the old one did), but this opener does not
+	// use it.
+	if err := syncDir(filepath.Dir(f.real), e); err != nil {
+		_ = nf.Release()
+		return fmt.Errorf("compacting: the rename of the compacted %s may not be durable: %w", f.o.Kind, err)
 	}
 	oldDB, oldFile := f.db, f.file
 	f.db, f.file, f.id = nf.db, nf.file, nf.id
