@@ -289,7 +289,12 @@ func fleetPause(replica int, rng *rand.Rand, stop <-chan struct{}, mu *sync.Mute
 			return true
 		}
 	}
-	for wait(time.Duration(500+rng.IntN(2500)) * time.Millisecond) {
+	// The first pause comes early, so that a short run has one too; while
+	// the slot has no child (between a kill and the next start), it looks
+	// again soon.
+	next := time.Duration(200+rng.IntN(500)) * time.Millisecond
+	for wait(next) {
+		next = 20 * time.Millisecond
 		pid := fleetChildOf(replica)
 		if pid == 0 {
 			continue
@@ -298,6 +303,7 @@ func fleetPause(replica int, rng *rand.Rand, stop <-chan struct{}, mu *sync.Mute
 		if syscall.Kill(pid, syscall.SIGSTOP) != nil {
 			continue // it just ended
 		}
+		next = time.Duration(500+rng.IntN(2500)) * time.Millisecond
 		wait(fleetLease + time.Duration(200+rng.IntN(1300))*time.Millisecond)
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 		mu.Lock()
