@@ -353,7 +353,7 @@ func (s *Store) Finish(ctx context.Context, key string, o idemstore.Outcome) err
 	if err := s.check(ctx); err != nil {
 		return err
 	}
-	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, text: 4, owner: o.Owner,
+	return s.marks.write(ctx, mark{what: "finish", key: key, sql: s.q.finish, many: s.q.finishMany, text: 4, owner: o.Owner,
 		args: []any{key, int16(o.State), int64(o.Sent), int32(o.Status), o.Err, nanos(o.At), o.URL, o.Owner, s.incarnation}})
 }
 

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,10 +20,15 @@ import (
 // mark is an Attempt or Finish: one statement and its arguments.
 type mark struct {
 	what, key, sql string
-	owner          string // the mark's owner (idemstore.Attempt.Owner): "" marks any row
-	args           []any
-	text           int  // index in args of the free text, repaired if PostgreSQL refuses the mark
-	repaired       bool // its text was replaced once already
+	// many, when set, is the statement that writes several marks of
+	// this kind, each of another key, in one: it takes, for each of
+	// args's places, the array of the marks' values, and returns the keys
+	// it changed.
+	many     string
+	owner    string // the mark's owner (idemstore.Attempt.Owner): "" marks any row
+	args     []any
+	text     int  // index in args of the free text, repaired if PostgreSQL refuses the mark
+	repaired bool // its text was replaced once already
 }
 
 // Bounds of writing marks.
@@ -253,7 +259,12 @@ func (q *queuedMark) release() {
 func (w *markWriter) send(batch []*queuedMark) error {
 	ctx, cancel := context.WithTimeout(w.base, markTryTimeout)
 	defer cancel()
-	results, bad, err := w.exec(ctx, batch)
+	results, bad, err := w.exec(ctx, batch, true)
+	if err != nil && bad < 0 && (permanent(err) || blocked(ctx, err)) {
+		// A statement of several marks failed for one of them: find
+		// which, one statement per mark.
+		results, bad, err = w.exec(ctx, batch, false)
+	}
 	switch {
 	case err == nil:
 		w.unheld(ctx, batch, results)
@@ -270,30 +281,79 @@ func (w *markWriter) send(batch []*queuedMark) error {
 }
 
 // exec writes batch as one transaction whose row lock waits last at most
-// markLockTimeout. It returns each mark's result (nil, or an error
-// matching idemstore.ErrNotFound for a mark that changed nothing), or the
-// error of the try and, when PostgreSQL refused one of the marks, its
-// index in batch (-1 otherwise).
-func (w *markWriter) exec(ctx context.Context, batch []*queuedMark) ([]error, int, error) {
+// markLockTimeout. With many, consecutive marks that have a statement for
+// several (mark.many) and distinct keys are written by one statement. It
+// returns each mark's result (nil, or an error matching
+// idemstore.ErrNotFound for a mark that changed nothing), or the error of
+// the try and, when PostgreSQL refused a statement of one mark, its index
+// in batch (-1 otherwise: a statement of several that failed does not
+// say for which).
+func (w *markWriter) exec(ctx context.Context, batch []*queuedMark, many bool) ([]error, int, error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, w.lockAfter)
-	for _, q := range batch {
-		b.Queue(q.sql, q.args...)
+	lock := `SELECT set_config('lock_timeout', $1, true)`
+	if many {
+		lock = byIndex + `, set_config('lock_timeout', $1, true)`
+	}
+	b.Queue(lock, w.lockAfter)
+	var runs [][]*queuedMark // the batch, by statement, in order
+	for i := 0; i < len(batch); {
+		n := 1
+		if many {
+			n = manyRun(batch[i:])
+		}
+		var arrays []any
+		if n > 1 {
+			if arrays = markArrays(batch[i : i+n]); arrays == nil {
+				n = 1
+			}
+		}
+		run := batch[i : i+n]
+		runs = append(runs, run)
+		if n == 1 {
+			b.Queue(run[0].sql, run[0].args...)
+		} else {
+			b.Queue(run[0].many, arrays...)
+		}
+		i += n
 	}
 	br := w.pool.SendBatch(ctx, b)
 	results := make([]error, len(batch))
+	notFound := func(q *queuedMark) error {
+		return fmt.Errorf("pgstore: %s %s: %w", q.what, q.key, idemstore.ErrNotFound)
+	}
 	_, badErr := br.Exec()
 	bad := -1
-	for i, q := range batch {
-		tag, err := br.Exec()
-		switch {
-		case err != nil:
-			if badErr == nil {
-				bad, badErr = i, err
+	i := 0
+	for _, run := range runs {
+		if len(run) == 1 {
+			tag, err := br.Exec()
+			switch {
+			case err != nil:
+				if badErr == nil {
+					bad, badErr = i, err
+				}
+			case tag.RowsAffected() == 0: // a mark for a key that is gone changes nothing
+				results[i] = notFound(run[0])
 			}
-		case tag.RowsAffected() == 0: // a mark for a key that is gone changes nothing
-			results[i] = fmt.Errorf("pgstore: %s %s: %w", q.what, q.key, idemstore.ErrNotFound)
+			i++
+			continue
 		}
+		changed := map[string]bool{}
+		rows, err := br.Query()
+		if err == nil {
+			var k string
+			_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+				changed[k] = true
+				return nil
+			})
+		}
+		for _, q := range run {
+			if err == nil && !changed[q.key] {
+				results[i] = notFound(q)
+			}
+			i++
+		}
+		badErr = cmp.Or(badErr, err)
 	}
 	cerr := br.Close()
 	switch {
@@ -303,6 +363,55 @@ func (w *markWriter) exec(ctx context.Context, batch []*queuedMark) ([]error, in
 		return nil, -1, cerr
 	}
 	return results, -1, nil
+}
+
+// manyRun is how many marks at the head of batch one statement writes:
+// the head's run of marks with the same statement for several, each of
+// another key; 1 when the head has none.
+func manyRun(batch []*queuedMark) int {
+	if batch[0].many == "" {
+		return 1
+	}
+	keys := map[string]bool{}
+	n := 0
+	for _, q := range batch {
+		if q.many != batch[0].many || keys[q.key] {
+			break
+		}
+		keys[q.key] = true
+		n++
+	}
+	return n
+}
+
+// markArrays returns the arguments of run's statement for several: for
+// each of a mark's arguments, the array of the marks' values; nil if an
+// argument has a type it does not know.
+func markArrays(run []*queuedMark) []any {
+	out := make([]any, len(run[0].args))
+	for c, v := range run[0].args {
+		switch v.(type) {
+		case string:
+			out[c] = markColumn[string](run, c)
+		case int16:
+			out[c] = markColumn[int16](run, c)
+		case int32:
+			out[c] = markColumn[int32](run, c)
+		case int64:
+			out[c] = markColumn[int64](run, c)
+		default:
+			return nil
+		}
+	}
+	return out
+}
+
+func markColumn[T any](run []*queuedMark, c int) []T {
+	a := make([]T, len(run))
+	for i, q := range run {
+		a[i], _ = q.args[c].(T)
+	}
+	return a
 }
 
 // blocked reports whether a mark failed with err because its row was
@@ -398,7 +507,7 @@ func (w *markWriter) runHeld() {
 func (w *markWriter) sendHeld(key string, batch []*queuedMark) bool {
 	ctx, cancel := context.WithTimeout(w.base, markTryTimeout)
 	defer cancel()
-	results, bad, err := w.exec(ctx, batch)
+	results, bad, err := w.exec(ctx, batch, false)
 	switch {
 	case err == nil:
 		w.unheld(ctx, batch, results)

@@ -45,12 +45,13 @@ type reserver struct {
 	store *Store
 	pool  *pgxpool.Pool
 	base  context.Context // ends when the store gives up on PostgreSQL at Close
-	sql   string
 	mu    sync.Mutex
 	queue []*reservation
-	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	// sending is the size of the group being sent (for the tests).
+	sending int
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // States of a reservation.
@@ -79,7 +80,7 @@ type reserveResult struct {
 }
 
 func newReserver(s *Store) *reserver {
-	r := &reserver{store: s, pool: s.pool, base: s.base, sql: s.q.reserve, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &reserver{store: s, pool: s.pool, base: s.base, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
 }
@@ -133,11 +134,15 @@ func (r *reserver) run() {
 			n := min(len(r.queue), reserveBatchMax)
 			group := r.queue[:n:n]
 			r.queue = r.queue[n:]
+			r.sending = n
 			r.mu.Unlock()
 			if n == 0 {
 				break
 			}
 			r.send(group)
+			r.mu.Lock()
+			r.sending = 0
+			r.mu.Unlock()
 		}
 	}
 }
@@ -174,30 +179,14 @@ func (r *reserver) send(group []*reservation) {
 		return
 	}
 	defer conn.Release()
-	b := &pgx.Batch{}
-	for _, rv := range live {
-		b.Queue(r.sql, rv.args...)
+	var results []reserveResult
+	if len(live) == 1 {
+		results, err = r.one(ctx, conn, live[0])
+	} else {
+		results, err = r.many(ctx, conn, live)
 	}
-	br := conn.SendBatch(ctx, b)
-	results := make([]reserveResult, len(live))
-	var failed error
-	for i, rv := range live {
-		var rw row
-		var created bool
-		err := br.QueryRow().Scan(append(rw.dest(), &created)...)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			results[i].alone = true // lost a race to a row committed after the snapshot
-		case err != nil:
-			failed = cmp.Or(failed, err)
-		default:
-			results[i].rec, results[i].created, results[i].err = r.store.reserved(rv.op, rv.id, &rw, created)
-		}
-	}
-	// Close reads up to the end of the transaction: only now is the
-	// group committed.
-	if err := br.Close(); err != nil || failed != nil {
-		doubt := maybeSent(cmp.Or(failed, err))
+	if err != nil {
+		doubt := maybeSent(err)
 		for _, rv := range live {
 			rv.res <- reserveResult{alone: true, doubt: doubt}
 		}
@@ -206,6 +195,135 @@ func (r *reserver) send(group []*reservation) {
 	for i, rv := range live {
 		rv.res <- results[i]
 	}
+}
+
+// one runs a group of one: reserve's statement.
+func (r *reserver) one(ctx context.Context, conn *pgxpool.Conn, rv *reservation) ([]reserveResult, error) {
+	var rw row
+	var created bool
+	res := make([]reserveResult, 1)
+	err := conn.QueryRow(ctx, r.store.q.reserve, rv.args...).Scan(append(rw.dest(), &created)...)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		res[0].alone = true // lost a race to a row committed after the snapshot
+	case err != nil:
+		return nil, err
+	default:
+		res[0].rec, res[0].created, res[0].err = r.store.reserved(rv.op, rv.id, &rw, created)
+	}
+	return res, nil
+}
+
+// many runs a group as one statement (reserveMany), one implicit
+// transaction: every row is committed once it answered. A reservation
+// the statement returns no row for lost a race and runs alone.
+func (r *reserver) many(ctx context.Context, conn *pgxpool.Conn, live []*reservation) ([]reserveResult, error) {
+	res := make([]reserveResult, len(live))
+	for i := range res {
+		res[i].alone = true
+	}
+	b := &pgx.Batch{}
+	b.Queue(byIndex)
+	b.Queue(r.store.q.reserveMany, columnArrays(live)...)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var (
+		i       int64
+		rw      row
+		created bool
+	)
+	dest := append(append([]any{&i}, rw.dest()...), &created)
+	var bad error
+	for rows.Next() {
+		rw = row{}
+		if err := rows.Scan(dest...); err != nil {
+			bad = cmp.Or(bad, err)
+			continue
+		}
+		if i < 1 || i > int64(len(live)) || !res[i-1].alone {
+			bad = cmp.Or(bad, fmt.Errorf("pgstore: reserve: a row for reservation %d of %d", i, len(live)))
+			continue
+		}
+		rv := live[i-1]
+		res[i-1] = reserveResult{}
+		res[i-1].rec, res[i-1].created, res[i-1].err = r.store.reserved(rv.op, rv.id, &rw, created)
+	}
+	rows.Close()
+	// Close reads up to the end of the transaction: only now is the
+	// group committed.
+	if err := cmp.Or(rows.Err(), bad, br.Close()); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// columnArrays returns reserveMany's arguments for group: for each column,
+// the array of the reservations' values (reserve's arguments), in group's
+// order.
+func columnArrays(group []*reservation) []any {
+	out := make([]any, len(columns))
+	for c, name := range columns {
+		switch colTypes[name] {
+		case "text":
+			if name == "name" { // NULL when unnamed
+				a := make([]*string, len(group))
+				for i, rv := range group {
+					if s, ok := rv.args[c].(string); ok {
+						a[i] = &s
+					}
+				}
+				out[c] = a
+				continue
+			}
+			out[c] = column[string](group, c)
+		case "smallint":
+			a := make([]int16, len(group))
+			for i, rv := range group {
+				switch v := rv.args[c].(type) {
+				case int16:
+					a[i] = v
+				case int:
+					a[i] = int16(v)
+				}
+			}
+			out[c] = a
+		case "integer":
+			out[c] = column[int32](group, c)
+		case "bigint":
+			out[c] = column[int64](group, c)
+		case "boolean":
+			out[c] = column[bool](group, c)
+		case "bytea":
+			out[c] = column[[]byte](group, c)
+		case "jsonb":
+			a := make([]*string, len(group)) // NULL: no history
+			for i, rv := range group {
+				if b, _ := rv.args[c].([]byte); b != nil {
+					s := string(b)
+					a[i] = &s
+				}
+			}
+			out[c] = a
+		}
+	}
+	return out
+}
+
+// column is column c of group's arguments.
+func column[T any](group []*reservation, c int) []T {
+	a := make([]T, len(group))
+	for i, rv := range group {
+		a[i], _ = rv.args[c].(T)
+	}
+	return a
 }
 
 // close stops the goroutine once its group in flight ended (or ctx did);

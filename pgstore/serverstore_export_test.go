@@ -10,3 +10,19 @@ func SetCallerClock(s *ServerStore) { s.callerClock = true }
 // SetEventClock makes s judge the expiry of Once's and Advance's records,
 // and sweep them, by now instead of the database's clock.
 func SetEventClock(s *ServerStore, now func() time.Time) { s.eventClock = now }
+
+// ReserveQueued is how many reservations wait in s's queue for a group,
+// the group being sent included.
+func ReserveQueued(s *Store) int {
+	s.reserver.mu.Lock()
+	defer s.reserver.mu.Unlock()
+	return len(s.reserver.queue) + s.reserver.sending
+}
+
+// MarksQueued is how many marks wait in s's queue, the batch being
+// written included.
+func MarksQueued(s *Store) int {
+	s.marks.mu.Lock()
+	defer s.marks.mu.Unlock()
+	return len(s.marks.queue)
+}
