@@ -404,7 +404,7 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 }
 
 // Sweep implements idemstore.KeyStore.
-// It deletes in chunks of opSweepChunk (1,000) rows, each one statement bounded as
+// It deletes in chunks of opSweepChunk (250) rows, each one statement bounded as
 // every call is, so that a large sweep makes progress and a stalled one
 // ends. Sweeps may overlap (replicas' schedules, idem gc beside a running
 // service): each chunk skips the rows another transaction holds, and once
@@ -414,14 +414,16 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 // this call deleted: overlapping sweeps' counts add up to the rows gone.
 //
 // Its cost to live traffic is bounded: one connection of the pool at a
-// time, busy at most half of the sweep's time (after each full chunk,
-// Sweep pauses as long as the chunk took), one statement holding at most
-// 1,000 row locks (rows live calls never touch: finished and old), and
+// time, busy at most a quarter of the sweep's time (after each full
+// chunk, Sweep rests three times as long as the chunk took), one
+// statement holding at most 250 row locks (rows live calls never touch: finished and old), and
 // chunks committed asynchronously (synchronous_commit=off for the chunk),
 // so a chunk does not wait for a WAL flush and live commits do not queue
 // behind it; a crash of the server itself can only bring back rows that
-// the next Sweep deletes. A sweep therefore takes about twice as long as
-// its deletes alone: measured with TestSweepUnderTraffic.
+// the next Sweep deletes. A sweep therefore takes about four times as
+// long as its deletes alone: on this project's 2-core machine, 200,000
+// rows in 8 to 9 s (about 23,000 rows a second) while live p99 rose 1.02
+// to 1.11× (TestSweepUnderTraffic; BENCHMARKS.md).
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
@@ -442,8 +444,9 @@ func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 		n += d
 		if err == nil && d == opSweepChunk {
 			// A full chunk: more rows wait. Leave the connection, the
-			// locks and the WAL to live calls as long as the chunk took.
-			if !sleep(ctx, time.Since(start)) {
+			// CPU, the locks and the WAL to live calls for opSweepRest
+			// times as long as the chunk took.
+			if !sleep(ctx, opSweepRest*time.Since(start)) {
 				return n, dbError("sweep", "", context.Cause(ctx))
 			}
 			continue
@@ -461,8 +464,16 @@ func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	}
 }
 
-// opSweepChunk is how many rows one statement of Sweep deletes at most.
-const opSweepChunk = 1000
+// Pace of Sweep: how many rows one statement deletes at most, and how
+// long Sweep rests after a full chunk, in multiples of the time the chunk
+// took. TestSweepUnderTraffic chose them: on 2 cores shared by PostgreSQL,
+// the client and its server, chunks of 1,000 rows with a rest as long as
+// the chunk raised live p99 1.44–1.62×; see BENCHMARKS.md for the figures
+// of these.
+const (
+	opSweepChunk = 250
+	opSweepRest  = 3
+)
 
 // LastChange returns when the journal last changed: the latest Updated of
 // its records, as the replicas' clocks wrote it, or the zero time for an

@@ -160,8 +160,9 @@ type serverQueries struct {
 }
 
 // sweepChunk bounds the rows one Sweep statement deletes, so that no
-// request waits behind one long delete.
-const sweepChunk = 1000
+// request waits behind one long delete; after a full chunk, Sweep rests
+// as the KeyStore's does (opSweepRest).
+const sweepChunk = opSweepChunk
 
 // serverNow is the database's time in Unix nanoseconds, unless the parameter
 // it is given holds the caller's (callerClock).
@@ -409,8 +410,10 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 }
 
 // Sweep implements idemserver.Store. It deletes the expired inbound keys,
-// then the expired records of Once and Advance, in statements of at most a
-// thousand rows each; replicas may sweep at once, each deleting the rows
+// then the expired records of Once and Advance, in statements of at most
+// 250 rows each, resting after each full one three times as long as it
+// took (so that live requests keep the CPU and the connections for three
+// quarters of the sweep's time); replicas may sweep at once, each deleting the rows
 // the others do not hold at that moment. Once a statement of inbound keys
 // comes back short, a last one waits for the rows others held and deletes
 // what they left, so no expired key is left behind another Sweep. The
@@ -426,6 +429,7 @@ func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			if q != s.q.sweep {
 				arg = s.eventNow()
 			}
+			start := time.Now()
 			tag, err := s.pool.Exec(ctx, q, arg)
 			if err != nil {
 				return total, s.fail(ctx, "sweep", err)
@@ -433,6 +437,9 @@ func (s *ServerStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			n := int(tag.RowsAffected())
 			total += n
 			if n == sweepChunk {
+				if !sleep(ctx, opSweepRest*time.Since(start)) {
+					return total, s.fail(ctx, "sweep", context.Cause(ctx))
+				}
 				continue
 			}
 			if q != s.q.sweep {
