@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -106,8 +107,8 @@ func main() {
 	}
 	defer os.RemoveAll(shm)
 
-	fmt.Printf("# %s, GOMAXPROCS %s, child=%v base256=%v stdbase=%v onejournal=%v fresh=%v, %d rounds of %v after %v\n",
-		time.Now().UTC().Format(time.RFC3339), os.Getenv("GOMAXPROCS"), *child, *base256, *stdBase, *oneJournal, *fresh, *rounds, *window, *warmup)
+	fmt.Printf("# %s, GOMAXPROCS %d, child=%v base256=%v stdbase=%v onejournal=%v fresh=%v, %d rounds of %v after %v\n",
+		time.Now().UTC().Format(time.RFC3339), runtime.GOMAXPROCS(0), *child, *base256, *stdBase, *oneJournal, *fresh, *rounds, *window, *warmup)
 	putRate := boltPutRate(dir)
 	fmt.Printf("bbolt single-Put commits on disk: %.0f/s\n", putRate)
 
