@@ -85,6 +85,24 @@ type roundTrips struct{ all, reserve atomic.Int64 }
 
 func isReserve(sql string) bool { return strings.Contains(sql, "ON CONFLICT DO NOTHING") }
 
+// reservations is how many reservations batch carries: one per reserve
+// statement, and a reserve of several rows (it unnests arrays) as many as
+// its arrays are long.
+func reservations(batch *pgx.Batch) int {
+	n := 0
+	for _, q := range batch.QueuedQueries {
+		switch {
+		case !isReserve(q.SQL):
+		case strings.Contains(q.SQL, "unnest(") && len(q.Arguments) > 0:
+			keys, _ := q.Arguments[0].([]string)
+			n += len(keys)
+		default:
+			n++
+		}
+	}
+	return n
+}
+
 func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.all.Add(1)
 	if isReserve(d.SQL) {
@@ -97,7 +115,7 @@ func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 
 func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	c.all.Add(1)
-	if d.Batch.Len() > 0 && isReserve(d.Batch.QueuedQueries[0].SQL) {
+	if reservations(d.Batch) > 0 {
 		c.reserve.Add(1)
 	}
 	return ctx

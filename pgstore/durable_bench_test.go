@@ -211,22 +211,31 @@ func (c *counter) saw(conn *pgx.Conn) {
 	c.mu.Unlock()
 }
 
-func (c *counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.trips.Add(1)
 	c.stmts.Add(1)
 	c.saw(conn)
+	if isReserve(d.SQL) { // a group of one
+		c.groups.Add(1)
+		c.reserved.Add(1)
+		return context.WithValue(ctx, groupStart{}, time.Now())
+	}
 	return ctx
 }
 
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if t, ok := ctx.Value(groupStart{}).(time.Time); ok {
+		c.groupNanos.Add(int64(time.Since(t)))
+	}
+}
 
 func (c *counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	c.trips.Add(1)
 	c.stmts.Add(int64(d.Batch.Len()))
 	c.saw(conn)
-	if d.Batch.Len() > 0 && isReserve(d.Batch.QueuedQueries[0].SQL) {
+	if n := reservations(d.Batch); n > 0 {
 		c.groups.Add(1)
-		c.reserved.Add(int64(d.Batch.Len()))
+		c.reserved.Add(int64(n))
 		return context.WithValue(ctx, groupStart{}, time.Now())
 	}
 	return ctx
