@@ -109,6 +109,7 @@ func (s *Store) scrubber(delay time.Duration) {
 			}
 		case <-t.C:
 			armed = false
+			s.scrubAsked.Store(false) // kicks from now on wake the scrubber
 			if !s.f.scrubDue() {
 				continue
 			}
@@ -125,8 +126,12 @@ func (s *Store) scrubber(delay time.Duration) {
 }
 
 // kickScrub asks the scrubber for a scrub after its delay. It never
-// blocks.
+// blocks, and wakes the scrubber only when no scrub is asked for yet:
+// one that is carries every drop before it runs (scrubDue).
 func (s *Store) kickScrub() {
+	if s.scrubAsked.Load() || !s.scrubAsked.CompareAndSwap(false, true) {
+		return
+	}
 	select {
 	case s.scrubKick <- struct{}{}:
 	default:

@@ -103,8 +103,12 @@ type Store struct {
 	live   map[string]struct{}
 
 	scrubKick chan struct{}
-	scrubStop chan struct{}
-	scrubDone chan struct{}
+	// scrubAsked is set by the first kick after a scrub's timer fired, so
+	// that the kicks of later commits (one per finish) do not wake the
+	// scrubber while its timer runs.
+	scrubAsked atomic.Bool
+	scrubStop  chan struct{}
+	scrubDone  chan struct{}
 
 	// scratch is shared by the changes of each write transaction.
 	scratch txScratch
