@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,10 +61,19 @@ func (m *manyTracer) statements() []int {
 // test holding that connection makes the store's calls queue up and then
 // go as one group.
 func onePool(t *testing.T) (*pgstore.Store, *pgxpool.Pool, *manyTracer) {
+	return onePoolMode(t, "")
+}
+
+// onePoolMode is onePool with pgx's query mode (default_query_exec_mode;
+// "" for pgx's default, prepared and cached statements).
+func onePoolMode(t *testing.T, mode string) (*pgstore.Store, *pgxpool.Pool, *manyTracer) {
 	t.Helper()
 	ctx := testContext(t)
 	dsn := pgtest.DSN(t)
 	cfg, err := pgxpool.ParseConfig(dsn)
+	if mode != "" {
+		cfg, err = pgxpool.ParseConfig(withParam(dsn, "default_query_exec_mode="+mode))
+	}
 	require.NoError(t, err)
 	cfg.MaxConns = 1
 	tr := &manyTracer{}
@@ -95,7 +105,19 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // and two with the same name in the group: one created, the other given
 // the first's record.
 func TestReserveGroupOneStatement(t *testing.T) {
-	s, pool, tr := onePool(t)
+	for _, mode := range queryModes {
+		t.Run("mode="+cmp.Or(mode, "default"), func(t *testing.T) { testReserveGroup(t, mode) })
+	}
+}
+
+// queryModes are pgx's query modes the statements of several rows are
+// tested in: its default (prepared, cached), and those a DSN through a
+// pooler in transaction mode names (see ErrPooler), which send the
+// arrays unprepared, as text in simple_protocol.
+var queryModes = []string{"", "exec", "simple_protocol"}
+
+func testReserveGroup(t *testing.T, mode string) {
+	s, pool, tr := onePoolMode(t, mode)
 	ctx := testContext(t)
 	taken := storetest.NewOperation("taken-key")
 	taken.Name = "taken-name"
@@ -186,7 +208,13 @@ func TestReserveGroupOneStatement(t *testing.T) {
 // mark whose owner lost the row changing nothing, a second finish of a
 // key written after the first.
 func TestFinishGroupOneStatement(t *testing.T) {
-	s, pool, tr := onePool(t)
+	for _, mode := range queryModes {
+		t.Run("mode="+cmp.Or(mode, "default"), func(t *testing.T) { testFinishGroup(t, mode) })
+	}
+}
+
+func testFinishGroup(t *testing.T, mode string) {
+	s, pool, tr := onePoolMode(t, mode)
 	ctx := testContext(t)
 	var keys []string
 	for i := range 6 {

@@ -218,11 +218,18 @@ func (s *Store) Reserve(ctx context.Context, op idemstore.Operation) (idemstore.
 	if err != nil {
 		return idemstore.Operation{}, false, fmt.Errorf("pgstore: reserve %s: history: %w", op.Key, err)
 	}
+	// The history goes as text, which PostgreSQL parses as jsonb in every
+	// query mode: as []byte, pgx's exec and simple_protocol modes (those
+	// a pooler needs) send it as bytea, which jsonb refuses (22P02).
+	var historyArg any
+	if history != nil {
+		historyArg = string(history)
+	}
 	id := s.reserveIDs.Add(1)
 	args := []any{op.Key, nullName(op.Name), recordVersion, op.Method, op.URL, op.Host, op.Fingerprint[:], int16(op.State),
 		int64(op.Attempts), int32(op.LastStatus), op.LastError, nanos(op.Created), nanos(op.Updated), op.Owner,
 		nanos(op.LeaseUntil), op.Redacted, op.Unreplayable, header, op.Body, s.incarnation, id, op.KeyHeader,
-		op.Trace, history}
+		op.Trace, historyArg}
 	res := s.reserver.do(ctx, op, id, args)
 	if res.alone {
 		return s.reserveOne(ctx, op, id, args, res.doubt)

@@ -306,8 +306,7 @@ func columnArrays(group []*reservation) []any {
 		case "jsonb":
 			a := make([]*string, len(group)) // NULL: no history
 			for i, rv := range group {
-				if b, _ := rv.args[c].([]byte); b != nil {
-					s := string(b)
+				if s, ok := rv.args[c].(string); ok {
 					a[i] = &s
 				}
 			}
