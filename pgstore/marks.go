@@ -68,7 +68,9 @@ type queuedMark struct {
 // markWriter is the group commit of Attempt and Finish, and their queue
 // while PostgreSQL does not take them. One goroutine writes every mark
 // queued while its last batch ran as one pipeline, one transaction,
-// committed asynchronously; marks stay in their order, so a Finish is
+// committed asynchronously (consecutive marks with a statement of several
+// rows, finishes of distinct keys, as one statement: mark.many); marks
+// stay in their order, so a Finish is
 // never written before the Attempt made before it. A caller waits for its
 // mark's commit, but not longer than its context, markWait, or the first
 // failed try: the mark is then accepted (its call returns nil) and the

@@ -47,8 +47,9 @@
 // one statement (an insert that does nothing on a conflict, and a select of
 // the row it conflicted with): one round trip and one commit. Reservations
 // made at the same moment share them: one goroutine sends everything queued
-// while its last group ran as one pipeline, which PostgreSQL runs as one
-// transaction (group commit, no timer; a lone call is a group of one).
+// while its last group ran as one statement of several rows, one
+// transaction (group commit, no timer; a lone call is a group of one, and
+// runs the statement of one).
 //
 // Attempt and Finish marks are grouped the same way and committed
 // ASYNCHRONOUSLY (synchronous_commit=off for their transaction only):
