@@ -289,22 +289,26 @@ func (s *ServerStore) Begin(ctx context.Context, b idemserver.Begin) (idemserver
 	c, err := s.begin(sctx, b, tok)
 	switch {
 	case ctx.Err() != nil && (err == nil && c.State == idemserver.StateAcquired || maybeSent(err)):
-		s.abandon(ctx, b.ID, tok)
+		if rerr := s.abandon(ctx, b.ID, tok); rerr != nil {
+			return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the request ended during the claim, and releasing its key failed (a claim that was made holds the key until its lease ends): %w: %w",
+				b.ID, context.Cause(ctx), rerr)
+		}
 		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: the request ended during the claim; its key is released: %w", b.ID, context.Cause(ctx))
 	case ctx.Err() != nil:
 		return idemserver.Claim{}, fmt.Errorf("pgstore: begin %s: %w", b.ID, context.Cause(ctx))
 	case err != nil && maybeSent(err):
-		s.abandon(ctx, b.ID, tok)
+		_ = s.abandon(ctx, b.ID, tok) // err says the claim's outcome is unknown; a failed release leaves the lease to end
 	}
 	return c, err
 }
 
 // abandon deletes the in-flight row that token may hold, within
 // claimGrace, so that a claim whose caller is gone does not hold its key.
-func (s *ServerStore) abandon(ctx context.Context, id, token string) {
+func (s *ServerStore) abandon(ctx context.Context, id, token string) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimGrace)
 	defer cancel()
-	_, _ = s.pool.Exec(rctx, s.q.release, id, token)
+	_, err := s.pool.Exec(rctx, s.q.release, id, token)
+	return err
 }
 
 // begin is Begin's statement, run under ctx, and tried again while its

@@ -300,3 +300,27 @@ func accountOf(r *http.Request) (string, error) {
 	}
 	return "", idemserver.ErrNoCredentials
 }
+
+// TestBeginEndedReleaseFails ends a claim's context while PostgreSQL
+// stalls (a proxy holds every byte), so that the claim's statement was
+// sent and its release cannot be: Begin's error must not say the key is
+// released (it said so whatever the release did), and says that the
+// release failed.
+func TestBeginEndedReleaseFails(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	p, viaProxy := newProxy(t, dsn)
+	s := openServerStore(t, viaProxy, pgtest.Schema(t, dsn))
+	now := time.Now()
+	_, err := s.Begin(testContext(t), idemserver.Begin{ID: "before", Fingerprint: "f", Now: now, LeaseUntil: now.Add(time.Minute)})
+	require.NoError(t, err, "while PostgreSQL answers")
+
+	p.Stall()
+	defer p.Flow()
+	ctx, cancel := context.WithTimeout(testContext(t), 100*time.Millisecond)
+	defer cancel()
+	_, err = s.Begin(ctx, idemserver.Begin{ID: "stalled", Fingerprint: "f", Now: now, LeaseUntil: now.Add(time.Minute)})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "its key is released")
+	assert.Contains(t, err.Error(), "releasing its key failed")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
