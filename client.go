@@ -211,6 +211,7 @@ func (c *Client) shutdown(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), closeGrace)
 		defer cancel()
 	}
+	j.closeBackground()
 	note(wait.For(ctx, "a sweep of finished operations", wait.Group(&j.sweeps)))
 	err := wait.Do(ctx, "the journal to close", func(context.Context) error { return j.store.Close() })
 	var gaveUp *wait.Error

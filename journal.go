@@ -39,8 +39,12 @@ type journal struct {
 	last   lastRequest
 	calls  calls
 
-	lastSweep atomic.Int64   // when finished records were last swept (Unix ns)
-	sweeps    sync.WaitGroup // sweeps and clock measurements running, for Close
+	lastSweep atomic.Int64 // when finished records were last swept (Unix ns)
+	// sweeps counts the sweeps and clock measurements running, for
+	// Shutdown; none starts (background) once bgClosed is set.
+	sweeps   sync.WaitGroup
+	bgMu     sync.Mutex
+	bgClosed bool
 
 	// clock is the store's clock, if it has one; offset is what to add to
 	// the local clock to read it (ns), measured at measured (local Unix ns).
@@ -75,12 +79,13 @@ func (j *journal) now() time.Time {
 		return t
 	}
 	if t.UnixNano()-j.measured.Load() >= int64(clockRefresh) && j.measuring.CompareAndSwap(false, true) {
-		j.sweeps.Add(1)
-		go func() {
-			defer j.sweeps.Done()
+		started := j.background(func() {
 			defer j.measuring.Store(false)
 			j.measureClock()
-		}()
+		})
+		if !started {
+			j.measuring.Store(false)
+		}
 	}
 	return t.Add(time.Duration(j.offset.Load()))
 }
@@ -215,6 +220,33 @@ func (j *journal) sweepCutoff(now time.Time) time.Time {
 // restarts.
 const sweepEvery = time.Hour
 
+// background runs fn on a goroutine of its own, counted in j.sweeps, and
+// reports whether it did: once Shutdown waits for that work
+// (closeBackground), nothing more starts (a call that outlived Shutdown
+// still reads the clock, and would start a measurement: an Add during
+// the WaitGroup's Wait, which panics).
+func (j *journal) background(fn func()) bool {
+	j.bgMu.Lock()
+	defer j.bgMu.Unlock()
+	if j.bgClosed {
+		return false
+	}
+	j.sweeps.Add(1)
+	go func() {
+		defer j.sweeps.Done()
+		fn()
+	}()
+	return true
+}
+
+// closeBackground stops background work from starting, for Shutdown,
+// which then waits for what runs (j.sweeps).
+func (j *journal) closeBackground() {
+	j.bgMu.Lock()
+	j.bgClosed = true
+	j.bgMu.Unlock()
+}
+
 // maybeSweep starts a sweep in the background if none ran in the last
 // sweepEvery. One settling call an hour pays for starting a goroutine;
 // none waits for the sweep.
@@ -224,9 +256,7 @@ func (j *journal) maybeSweep() {
 	if last != 0 && now.Sub(time.Unix(0, last)) < sweepEvery || !j.lastSweep.CompareAndSwap(last, now.UnixNano()) {
 		return
 	}
-	j.sweeps.Add(1)
-	go func() {
-		defer j.sweeps.Done()
+	j.background(func() {
 		n, err := j.store.Sweep(context.Background(), j.sweepCutoff(j.now()))
 		switch {
 		case errors.Is(err, ErrClosed):
@@ -235,7 +265,7 @@ func (j *journal) maybeSweep() {
 		default:
 			j.log.Debug("idem: swept finished operations", "idem.swept", n)
 		}
-	}()
+	})
 }
 
 // newLease returns a lease for this process that starts at now.
