@@ -421,16 +421,17 @@ func (s *Store) collect(ctx context.Context, what, sql string, args ...any) ([]i
 // this call deleted: overlapping sweeps' counts add up to the rows gone.
 //
 // Its cost to live traffic is bounded: one connection of the pool at a
-// time, busy at most a quarter of the sweep's time (after each full
-// chunk, Sweep rests three times as long as the chunk took), one
-// statement holding at most 250 row locks (rows live calls never touch: finished and old), and
-// chunks committed asynchronously (synchronous_commit=off for the chunk),
-// so a chunk does not wait for a WAL flush and live commits do not queue
-// behind it; a crash of the server itself can only bring back rows that
-// the next Sweep deletes. A sweep therefore takes about four times as
-// long as its deletes alone: on this project's 2-core machine, 200,000
-// rows in 8 to 9 s (about 23,000 rows a second) while live p99 rose 1.02
-// to 1.11× (TestSweepUnderTraffic; BENCHMARKS.md).
+// time, busy at most a sixth of the sweep's time (after each full chunk,
+// Sweep rests five times as long as the chunk took), one statement
+// holding at most 250 row locks (rows live calls never touch: finished
+// and old), and chunks committed asynchronously (synchronous_commit=off
+// for the chunk), so a chunk does not wait for a WAL flush and live
+// commits do not queue behind it; a crash of the server itself can only
+// bring back rows that the next Sweep deletes. A sweep therefore takes
+// about six times as long as its deletes alone: on this project's 2-core
+// machine, 1,000,000 rows of 1 KB in 81 to 86 s (about 12,000 rows a
+// second) while live p99 was 0.79 to 1.13× what it was without
+// (TestSweepUnderTraffic; BENCHMARKS.md).
 func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 	if err := s.check(ctx); err != nil {
 		return 0, err
@@ -475,11 +476,13 @@ func (s *Store) Sweep(ctx context.Context, cutoff time.Time) (int, error) {
 // long Sweep rests after a full chunk, in multiples of the time the chunk
 // took. TestSweepUnderTraffic chose them: on 2 cores shared by PostgreSQL,
 // the client and its server, chunks of 1,000 rows with a rest as long as
-// the chunk raised live p99 1.44–1.62×; see BENCHMARKS.md for the figures
-// of these.
+// the chunk raised live p99 1.44–1.62× (200,000 rows), chunks of 250
+// with a rest of three times 1.26–1.27× (1,000,000 rows, whose deletes'
+// WAL keeps PostgreSQL checkpointing through the sweep); see
+// BENCHMARKS.md for the figures of these.
 const (
 	opSweepChunk = 250
-	opSweepRest  = 3
+	opSweepRest  = 5
 )
 
 // LastChange returns when the journal last changed: the latest Updated of

@@ -415,10 +415,10 @@ func (s *ServerStore) Release(ctx context.Context, id, token string) error {
 
 // Sweep implements idemserver.Store. It deletes the expired inbound keys,
 // then the expired records of Once and Advance, in statements of at most
-// 250 rows each, resting after each full one three times as long as it
-// took (so that live requests keep the CPU and the connections for three
-// quarters of the sweep's time); replicas may sweep at once, each deleting the rows
-// the others do not hold at that moment. Once a statement of inbound keys
+// 250 rows each, resting after each full one five times as long as it
+// took (so that live requests keep the CPU and the connections for five
+// sixths of the sweep's time); replicas may sweep at once, each deleting
+// the rows the others do not hold at that moment. Once a statement of inbound keys
 // comes back short, a last one waits for the rows others held and deletes
 // what they left, so no expired key is left behind another Sweep. The
 // count is of every row this call deleted.

@@ -28,9 +28,11 @@ var (
 // windows are one sample, so a drift of the machine's load weighs on both
 // sides); it reports each phase's p50 and p99
 // and the sweep's duration. Measured, not asserted (timings on a shared
-// machine); behind a flag for its length:
+// machine); behind a flag for its length (the test binary's flags go
+// after -args: without it, go test takes ./pgstore for one of them and
+// runs the root package):
 //
-//	go test -count=1 -run TestSweepUnderTraffic -sweep.live -sweep.rows 100000 -v ./pgstore
+//	go test -count=1 ./pgstore -run TestSweepUnderTraffic -v -args -sweep.live -sweep.rows 100000
 func TestSweepUnderTraffic(t *testing.T) {
 	if !*sweepLive {
 		t.Skip("a long measurement: run with -sweep.live")
